@@ -1,0 +1,98 @@
+# podnet: the Makefile is the interface (see README.md).
+#   make lab        fresh machine -> lab cluster up, site.yml deployed, summary
+#   make test       everything CI runs (.ci/run calls it)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+ROOT        := $(abspath $(dir $(lastword $(MAKEFILE_LIST))))
+CACHE_DIR   ?= /var/cache/podnet-dev
+VENV_HASH   := $(shell sha256sum $(ROOT)/requirements-dev.txt | cut -c1-12)
+VENV        ?= $(CACHE_DIR)/venv-$(VENV_HASH)
+PY          := $(VENV)/bin/python
+export PATH := $(VENV)/bin:/usr/local/go/bin:$(PATH)
+export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
+export PODNET_CACHE_DIR := $(CACHE_DIR)
+
+LAB         := $(ROOT)/tests/lab/lab.sh
+LAB_INV     := $(ROOT)/inventories/lab
+
+HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
+  python3-venv nftables bind9-dnsutils zstd containernetworking-plugins iproute2 \
+  openssh-client libslurm-dev gcc make rsync
+
+.PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
+  lint unit test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
+
+help:
+	@echo "make lab | lab-down | lab-status | test | lint | unit | test-agent | test-molecule | bench-agent"
+
+## --- dependencies -----------------------------------------------------------
+host-deps: $(CACHE_DIR)/host-deps.stamp
+$(CACHE_DIR)/host-deps.stamp: Makefile
+	@[ "$$(id -u)" = 0 ] || { echo "podnet: run as root (the lab needs netns, nspawn, bridges)" >&2; exit 1; }
+	@mkdir -p $(CACHE_DIR)
+	apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(HOST_PACKAGES) >/dev/null
+	@touch $@
+
+venv: $(VENV)/.complete
+$(VENV)/.complete: requirements-dev.txt | host-deps
+	rm -rf $(VENV).tmp
+	/usr/bin/python3 -m venv --system-site-packages $(VENV).tmp
+	$(VENV).tmp/bin/pip install -q --upgrade pip
+	$(VENV).tmp/bin/pip install -q -r requirements-dev.txt
+	rm -rf $(VENV) && mv $(VENV).tmp $(VENV)
+	# venvs are not relocatable: rewrite the shebangs and activate scripts
+	grep -rlI --null "$(VENV).tmp" $(VENV)/bin | xargs -0 -r sed -i "s#$(VENV).tmp#$(VENV)#g"
+	$(PY) -m pip install -q --no-deps -e agent
+	touch $@
+	ln -sfn $(VENV) $(ROOT)/.venv
+
+collection-link: $(ROOT)/build/collections/ansible_collections/hpc/podnet
+$(ROOT)/build/collections/ansible_collections/hpc/podnet:
+	mkdir -p $(dir $@)
+	ln -sfn $(ROOT) $@
+
+deps: host-deps venv collection-link
+
+## --- lab cluster ------------------------------------------------------------
+artifacts: deps
+	$(ROOT)/tests/lab/build-artifacts.sh
+
+lab-up: deps artifacts
+	$(LAB) up
+
+lab-deploy:
+	ansible-playbook -i $(LAB_INV) $(ROOT)/playbooks/site.yml
+
+lab: lab-up
+	$(MAKE) --no-print-directory lab-deploy
+	$(LAB) summary
+
+lab-down:
+	$(LAB) down
+
+lab-status:
+	$(LAB) status
+
+## --- quality ----------------------------------------------------------------
+lint: deps
+	$(ROOT)/tests/lint.sh
+
+unit: deps
+	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+test-agent: deps artifacts
+	$(PY) -m pytest -q $(ROOT)/tests/agent
+
+test-molecule: deps artifacts
+	cd $(ROOT) && molecule test -s lab
+
+test: lint unit test-agent test-molecule
+
+bench-agent: deps artifacts
+	$(PY) $(ROOT)/tests/bench/bench_agent.py
+
+clean:
+	rm -rf $(ROOT)/build $(ROOT)/tests/output
