@@ -87,7 +87,9 @@ test-agent: deps artifacts
 	$(PY) -m pytest -q $(ROOT)/tests/agent
 
 test-molecule: deps artifacts
-	cd $(ROOT) && molecule test -s lab
+	mkdir -p $(ROOT)/build/molecule-lab
+	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
+	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' molecule test -s lab
 
 test: lint unit test-agent test-molecule
 
