@@ -1,0 +1,548 @@
+#!/usr/bin/env bash
+# podnet lab cluster: systemd-nspawn nodes booted from one Debian trixie image,
+# on a private host bridge, reachable over SSH. See docs/lab.md.
+#
+#   lab.sh up | down | status | summary | ssh [USER@]NODE [CMD...] | image | inventory
+#
+# Env: LAB_NAME (pnlab), LAB_NODES ("ctl login c1 c2"), LAB_SUBNET (198.51.100.0/26),
+#      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev).
+set -euo pipefail
+
+LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$LAB_DIR/../.." && pwd)
+
+LAB_NAME=${LAB_NAME:-pnlab}
+LAB_NODES=${LAB_NODES:-ctl login c1 c2}
+LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
+LAB_ETCD_NODES=${LAB_ETCD_NODES:-ctl}
+LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
+CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
+STATE_ROOT=/var/lib/podnet-lab
+STATE=$STATE_ROOT/$LAB_NAME
+LOCK_DIR=/run/lock
+BR=${LAB_NAME}br0
+NFT_TABLE=${LAB_NAME}_host
+SSH_KEY=$STATE/ssh/id_ed25519
+LAB_USERS="alice:2001 bob:2002 carol:2003 labadmin:2100"
+if [ -z "${LAB_INVENTORY:-}" ]; then
+    if [ "$LAB_NAME" = pnlab ]; then
+        LAB_INVENTORY=$REPO/inventories/lab/hosts.yml
+    else
+        LAB_INVENTORY=$STATE/hosts.yml
+    fi
+    inventory_from_env=0
+else
+    inventory_from_env=1
+fi
+SSH_OPTS=(-i "$SSH_KEY" -o IdentitiesOnly=yes -o UserKnownHostsFile=/dev/null
+          -o StrictHostKeyChecking=no -o LogLevel=ERROR -o BatchMode=yes -o ConnectTimeout=5)
+
+say() { printf '%s: %s\n' "$LAB_NAME" "$*"; }
+die() { printf 'lab.sh (%s): error: %s\n' "$LAB_NAME" "$*" >&2; exit 1; }
+now_ms() { echo $(( $(date +%s%N) / 1000000 )); }
+elapsed() { local ms=$(( $(now_ms) - $1 )); printf '%d.%02d s' $((ms / 1000)) $(( (ms % 1000) / 10 )); }
+
+# --- checks ------------------------------------------------------------------
+require_root() {
+    [ "$(id -u)" = 0 ] || die "run as root (the lab needs mounts, bridges, nftables and systemd-nspawn)"
+}
+require_tools() {
+    command -v systemd-nspawn >/dev/null \
+        || die "systemd-nspawn missing: apt-get install systemd-container"
+    local t
+    for t in "$@"; do
+        command -v "$t" >/dev/null || die "$t missing (make host-deps installs the lab's host packages)"
+    done
+}
+validate() {
+    [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,11}$ ]] \
+        || die "LAB_NAME '$LAB_NAME': use 1-12 of [a-z0-9], starting with a letter (bridge ${LAB_NAME}br0 must fit 15 chars)"
+    local n seen=" "
+    for n in $LAB_NODES; do
+        [[ $n =~ ^[a-z][a-z0-9-]{0,30}$ ]] || die "node name '$n': use [a-z][a-z0-9-]*"
+        [[ $seen == *" $n "* ]] && die "node '$n' listed twice in LAB_NODES"
+        seen+="$n "
+    done
+    [ "$seen" != " " ] || die "LAB_NODES is empty"
+    for n in $LAB_ETCD_NODES; do
+        [[ $seen == *" $n "* ]] || die "LAB_ETCD_NODES: '$n' is not in LAB_NODES ($LAB_NODES)"
+    done
+    parse_subnet "$LAB_SUBNET"
+}
+
+# --- addresses ---------------------------------------------------------------
+ip2int() { local IFS=.; read -r a b c d <<<"$1"; echo $(( (a << 24) | (b << 16) | (c << 8) | d )); }
+int2ip() { echo "$(( ($1 >> 24) & 255 )).$(( ($1 >> 16) & 255 )).$(( ($1 >> 8) & 255 )).$(( $1 & 255 ))"; }
+parse_subnet() {
+    [[ $1 =~ ^([0-9]{1,3}\.){3}[0-9]{1,3}/([0-9]{1,2})$ ]] || die "LAB_SUBNET '$1' is not a.b.c.d/len"
+    PREFIX=${1#*/}
+    (( PREFIX >= 16 && PREFIX <= 28 )) || die "LAB_SUBNET prefix /$PREFIX: use /16 to /28"
+    local mask=$(( (0xffffffff << (32 - PREFIX)) & 0xffffffff ))
+    NET=$(( $(ip2int "${1%/*}") & mask ))
+    BCAST=$(( NET | (~mask & 0xffffffff) ))
+    [ "$(int2ip "$NET")/$PREFIX" = "$1" ] || die "LAB_SUBNET '$1' has host bits set (network is $(int2ip "$NET")/$PREFIX)"
+    HOST_IP=$(int2ip $((NET + 1)))
+    local count
+    count=$(wc -w <<<"$LAB_NODES")
+    (( NET + 10 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
+}
+node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...)
+    local n i=0
+    for n in $LAB_NODES; do
+        [ "$n" = "$1" ] && { int2ip $((NET + 10 + i)); return; }
+        i=$((i + 1))
+    done
+    return 1
+}
+# Refuse a subnet that overlaps an address on any interface but our bridge
+# (another lab, or the host's own networks).
+check_subnet_free() {
+    local dev cidr a p m
+    while read -r _ dev _ cidr _; do
+        [ "$dev" = "$BR" ] && continue
+        a=$(ip2int "${cidr%/*}"); p=${cidr#*/}
+        (( p < PREFIX )) && m=$p || m=$PREFIX
+        m=$(( (0xffffffff << (32 - m)) & 0xffffffff ))
+        if (( (a & m) == (NET & m) )); then
+            die "LAB_SUBNET $LAB_SUBNET overlaps $cidr on $dev (another lab? pick another /26 of 198.51.100.0/24)"
+        fi
+    done < <(ip -4 -o addr show)
+}
+
+# --- saved lab config (status/ssh/down use what up created) ------------------
+load_saved() {
+    if [ -f "$STATE/lab.env" ]; then
+        # shellcheck source=/dev/null
+        . "$STATE/lab.env"
+    fi
+    parse_subnet "$LAB_SUBNET"
+}
+save_config() {
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\n' \
+        "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" >"$STATE/lab.env.tmp"
+    mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
+}
+
+# --- image -------------------------------------------------------------------
+image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
+ensure_image() {   # sets IMAGE_TARBALL
+    IMAGE_TARBALL=$CACHE/rootfs-$IMAGE_HASH.tar.zst
+    [ -s "$IMAGE_TARBALL" ] && return
+    require_tools debootstrap zstd flock
+    mkdir -p "$CACHE"
+    local t0; t0=$(now_ms)
+    (
+        flock 9
+        if [ ! -s "$IMAGE_TARBALL" ]; then
+            say "building node image $IMAGE_HASH (debootstrap trixie, a few minutes)"
+            "$LAB_DIR/build-image.sh" "$IMAGE_TARBALL"
+        fi
+    ) 9>"$CACHE/.build.lock"
+    say "image ready in $(elapsed "$t0"): $IMAGE_TARBALL"
+}
+ensure_base() {    # sets BASE (unpacked, shared by every lab of this image)
+    BASE=$STATE_ROOT/base-$IMAGE_HASH
+    [ -e "$BASE/.complete" ] && return
+    ensure_image
+    mkdir -p "$STATE_ROOT"
+    local t0; t0=$(now_ms)
+    (
+        flock 9
+        if [ ! -e "$BASE/.complete" ]; then
+            rm -rf --one-file-system "$BASE.tmp"
+            mkdir -p "$BASE.tmp/rootfs"
+            tar -C "$BASE.tmp/rootfs" --numeric-owner --xattrs --xattrs-include='*' --acls \
+                -I zstd -xpf "$IMAGE_TARBALL"
+            touch "$BASE.tmp/.complete"
+            rm -rf --one-file-system "$BASE"
+            mv "$BASE.tmp" "$BASE"
+        fi
+    ) 9>"$STATE_ROOT/base-$IMAGE_HASH.lock"
+    say "base unpacked in $(elapsed "$t0"): $BASE"
+}
+
+# --- host network --------------------------------------------------------------
+net_up() {
+    if ! ip link show dev "$BR" >/dev/null 2>&1; then
+        check_subnet_free
+        ip link add "$BR" type bridge
+    fi
+    ip addr replace "$HOST_IP/$PREFIX" dev "$BR"
+    ip link set dev "$BR" up
+    # One atomic transaction: create-or-replace the lab's table. Bridged frames
+    # pass the inet forward hook (bridge-nf-call-iptables=1) with in/out = the
+    # bridge: accept those; drop anything routed between the lab and any other
+    # interface, whatever ip_forward and other tables say.
+    nft -f - <<EOF
+table inet $NFT_TABLE
+delete table inet $NFT_TABLE
+table inet $NFT_TABLE {
+    chain forward {
+        type filter hook forward priority filter - 10; policy accept;
+        iifname "$BR" oifname "$BR" accept comment "lab bridge-internal traffic"
+        iifname "$BR" counter drop comment "never forward out of the lab"
+        oifname "$BR" counter drop comment "never forward into the lab"
+    }
+}
+EOF
+}
+
+# --- nodes -------------------------------------------------------------------
+node_dir() { echo "$STATE/nodes/$1"; }
+node_pid() {   # prints the pid of the node's nspawn if it is running
+    local pf pid
+    pf=$(node_dir "$1")/pid
+    [ -s "$pf" ] || return 1
+    pid=$(<"$pf")
+    [ -r "/proc/$pid/cmdline" ] || return 1
+    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "systemd-nspawn .*-M $LAB_NAME-$1 " || return 1
+    echo "$pid"
+}
+is_mounted() { mountpoint -q "$1"; }
+write_node_files() {   # write_node_files NODE IP ROOT (the merged tree)
+    local node=$1 ip=$2 root=$3 n u name uid home
+    printf '%s\n' "$node" >"$root/etc/hostname"
+    {
+        printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
+        printf '%s\t%s-host\n' "$HOST_IP" "$LAB_NAME"
+        for n in $LAB_NODES; do printf '%s\t%s\n' "$(node_ip "$n")" "$n"; done
+    } >"$root/etc/hosts"
+    mkdir -p "$root/etc/systemd/network"
+    cat >"$root/etc/systemd/network/10-podnet-lab-host0.network" <<EOF
+# podnet lab ($LAB_NAME): static underlay address, no default route (no internet)
+[Match]
+Name=host0
+
+[Network]
+Address=$ip/$PREFIX
+DHCP=no
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+EOF
+    if [ ! -s "$root/etc/machine-id" ]; then
+        od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$root/etc/machine-id"
+        echo >>"$root/etc/machine-id"
+    fi
+    if ! ls "$root"/etc/ssh/ssh_host_*_key >/dev/null 2>&1; then
+        ssh-keygen -A -f "$root" >/dev/null
+    fi
+    for u in root:0 $LAB_USERS; do
+        name=${u%%:*}; uid=${u#*:}
+        if [ "$name" = root ]; then home=$root/root; else home=$root/home/$name; fi
+        [ -d "$home" ] || continue
+        install -d -m 0700 -o "$uid" -g "$(stat -c %g "$home")" "$home/.ssh"
+        install -m 0600 -o "$uid" -g "$(stat -c %g "$home")" "$SSH_KEY.pub" "$home/.ssh/authorized_keys"
+    done
+}
+wait_ssh() {   # wait_ssh IP TIMEOUT_S
+    local ip=$1 deadline=$(( SECONDS + $2 ))
+    while (( SECONDS < deadline )); do
+        if timeout 1 bash -c "exec 3<>/dev/tcp/$ip/22" 2>/dev/null \
+            && ssh "${SSH_OPTS[@]}" -o ConnectTimeout=2 "root@$ip" true 2>/dev/null; then
+            return 0
+        fi
+        sleep 0.2
+    done
+    return 1
+}
+node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
+    local node=$1 ip nd root pid t0
+    t0=$(now_ms)
+    ip=$(node_ip "$node")
+    nd=$(node_dir "$node"); root=$nd/root
+    if pid=$(node_pid "$node"); then
+        if wait_ssh "$ip" 10; then
+            say "$node ($ip) already running, pid $pid, ssh ok"
+            return 0
+        fi
+        die "$node ($ip) is running (pid $pid) but SSH does not answer; try: LAB_NAME=$LAB_NAME $0 down"
+    fi
+    mkdir -p "$nd/upper" "$nd/work" "$root"
+    if [ -s "$nd/ip" ] && [ "$(<"$nd/ip")" != "$ip" ]; then
+        die "$node was created with address $(<"$nd/ip"), LAB_NODES now gives $ip: run down first"
+    fi
+    echo "$ip" >"$nd/ip"
+    is_mounted "$root" || mount -t overlay "$LAB_NAME-$node" \
+        -o "lowerdir=$BASE/rootfs,upperdir=$nd/upper,workdir=$nd/work" "$root"
+    write_node_files "$node" "$ip" "$root"
+    setsid systemd-nspawn --quiet --boot --register=no --keep-unit --console=passive \
+        --link-journal=no --resolv-conf=off --timezone=off \
+        --network-bridge="$BR" -M "$LAB_NAME-$node" -D "$root" \
+        </dev/null >"$nd/console.log" 2>&1 8>&- &
+    pid=$!
+    echo "$pid" >"$nd/pid"
+    if ! wait_ssh "$ip" 90; then
+        tail -n 20 "$nd/console.log" >&2 || true
+        die "$node ($ip): no SSH after 90 s (pid $pid, log $nd/console.log)"
+    fi
+    say "$node ($ip) up in $(elapsed "$t0"), pid $pid"
+}
+
+# --- inventory -----------------------------------------------------------------
+nodes_like() {   # nodes_like GLOB [EXCLUDE_GLOB]: nodes of LAB_NODES matching GLOB, one a line
+    local n
+    for n in $LAB_NODES; do
+        # shellcheck disable=SC2053
+        if [[ $n == $1 ]] && { [ -z "${2:-}" ] || [[ $n != $2 ]]; }; then echo "$n"; fi
+    done
+}
+ctl_node() {     # the node that runs dns, gateway, slurmctld: "ctl", else the first ctl*
+    if has_node ctl; then echo ctl; else nodes_like 'ctl*' | head -n 1; fi
+}
+write_inventory() {
+    local n first_ctl group members tmp dir
+    first_ctl=$(ctl_node)
+    dir=$(dirname "$LAB_INVENTORY"); mkdir -p "$dir"
+    tmp=$LAB_INVENTORY.tmp.$$
+    {
+        echo "# Generated by tests/lab/lab.sh up (LAB_NAME=$LAB_NAME). Do not edit: rewritten on every up."
+        echo "all:"
+        echo "  children:"
+        echo "    lab:"
+        echo "      vars:"
+        echo "        ansible_user: root"
+        echo "        ansible_ssh_private_key_file: $SSH_KEY"
+        echo "        ansible_ssh_common_args: -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR"
+        echo "        ansible_python_interpreter: /usr/bin/python3"
+        echo "        podnet_lab_name: $LAB_NAME"
+        echo "        podnet_pki_dir: $STATE/pki"
+        echo "      hosts:"
+        for n in $LAB_NODES; do
+            echo "        $n:"
+            echo "          ansible_host: $(node_ip "$n")"
+            echo "          podnet_underlay_ip: $(node_ip "$n")"
+        done
+        echo "      children:"
+        for group in etcd dns gateway slurmctld login compute; do
+            case $group in
+                etcd) members=$LAB_ETCD_NODES ;;
+                dns | gateway | slurmctld) members=$first_ctl ;;
+                login) members=$(nodes_like 'login*') ;;
+                compute) members=$(nodes_like 'c*' 'ctl*') ;;
+            esac
+            echo "        $group:"
+            if [ -z "$(echo "$members" | tr -d '[:space:]')" ]; then
+                echo "          hosts: {}"
+            else
+                echo "          hosts:"
+                for n in $members; do echo "            $n: {}"; done
+            fi
+        done
+    } >"$tmp"
+    mv -f "$tmp" "$LAB_INVENTORY"
+    # Outside inventories/lab, make the inventory self-contained.
+    if [ "$(cd "$dir" && pwd -P)" != "$(cd "$REPO/inventories/lab" && pwd -P)" ] && [ ! -e "$dir/group_vars" ]; then
+        ln -s "$REPO/inventories/lab/group_vars" "$dir/group_vars"
+        echo "$dir/group_vars" >"$STATE/group_vars.link"
+    fi
+    {
+        echo "# ssh -F $STATE/ssh/config NODE"
+        for n in $LAB_NODES; do
+            printf 'Host %s %s-%s\n  HostName %s\n' "$n" "$LAB_NAME" "$n" "$(node_ip "$n")"
+        done
+        printf 'Host *\n  User root\n  IdentityFile %s\n  IdentitiesOnly yes\n  UserKnownHostsFile /dev/null\n  StrictHostKeyChecking no\n  LogLevel ERROR\n' "$SSH_KEY"
+    } >"$STATE/ssh/config"
+}
+
+# --- commands ----------------------------------------------------------------
+cmd_image() {
+    require_root
+    IMAGE_HASH=$(image_hash)
+    ensure_image
+    echo "$IMAGE_TARBALL"
+}
+
+cmd_up() {
+    require_root
+    require_tools ssh ssh-keygen nft ip flock zstd mountpoint
+    validate
+    local t0 n pids=() rc=0 saved_subnet="" saved_image=""
+    t0=$(now_ms)
+    mkdir -p "$LOCK_DIR" "$STATE_ROOT"
+    exec 8>"$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
+    flock -n 8 || { say "another lab.sh up/down of $LAB_NAME is running; waiting"; flock 8; }
+    if [ -f "$STATE/lab.env" ]; then
+        # shellcheck disable=SC1090
+        saved_subnet=$(. "$STATE/lab.env"; echo "$LAB_SUBNET")
+        # shellcheck disable=SC1090
+        saved_image=$(. "$STATE/lab.env"; echo "$LAB_IMAGE")
+        [ "$saved_subnet" = "$LAB_SUBNET" ] \
+            || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
+    fi
+    IMAGE_HASH=$(image_hash)
+    if [ -n "$saved_image" ] && [ "$saved_image" != "$IMAGE_HASH" ]; then
+        if [ -e "$STATE_ROOT/base-$saved_image/.complete" ]; then
+            say "note: this lab runs image $saved_image; the current image is $IMAGE_HASH (down + up to switch)"
+            IMAGE_HASH=$saved_image
+        else
+            die "this lab's base image $saved_image is gone: run down first"
+        fi
+    fi
+    ensure_base
+    mkdir -p "$STATE/nodes" "$STATE/ssh" "$STATE/pki"
+    chmod 0700 "$STATE/ssh" "$STATE/pki"
+    [ -s "$SSH_KEY" ] || ssh-keygen -q -t ed25519 -N '' -C "podnet-lab-$LAB_NAME" -f "$SSH_KEY"
+    save_config
+    net_up
+    for n in $LAB_NODES; do
+        node_up "$n" &
+        pids+=($!)
+    done
+    for n in "${pids[@]}"; do wait "$n" || rc=1; done
+    write_inventory
+    (( rc == 0 )) || die "some nodes failed to come up (see above); lab.sh status / down"
+    say "lab up in $(elapsed "$t0"): ${LAB_NODES// /, } on $BR ($HOST_IP/$PREFIX); inventory $LAB_INVENTORY"
+}
+
+stop_nodes() {
+    local n pid pids=() deadline
+    for n in "$@"; do
+        if pid=$(node_pid "$n"); then
+            kill -TERM "$pid" 2>/dev/null || true
+            pids+=("$pid")
+        fi
+    done
+    deadline=$(( SECONDS + 20 ))
+    for pid in "${pids[@]}"; do
+        while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 0.1; done
+        if kill -0 "$pid" 2>/dev/null; then
+            say "pid $pid ignored SIGTERM for 20 s: SIGKILL"
+            kill -KILL "$pid" 2>/dev/null || true
+            while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+        fi
+    done
+}
+
+cmd_down() {
+    require_root
+    local t0 n nd m saved_nodes=""
+    t0=$(now_ms)
+    mkdir -p "$LOCK_DIR"
+    exec 8>"$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
+    flock 8
+    if [ -d "$STATE/nodes" ]; then
+        saved_nodes=$(cd "$STATE/nodes" && ls)
+        # shellcheck disable=SC2086
+        stop_nodes $saved_nodes
+        for n in $saved_nodes; do
+            nd=$(node_dir "$n")
+            if is_mounted "$nd/root"; then
+                umount "$nd/root" 2>/dev/null || umount -l "$nd/root"
+            fi
+        done
+    fi
+    if ip link show dev "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
+    if nft list table inet "$NFT_TABLE" >/dev/null 2>&1; then nft delete table inet "$NFT_TABLE"; fi
+    if [ -f "$STATE/lab.env" ]; then
+        # shellcheck disable=SC1090
+        LAB_INVENTORY=$(. "$STATE/lab.env"; echo "$LAB_INVENTORY")
+    fi
+    if [ -f "$STATE/group_vars.link" ]; then
+        m=$(<"$STATE/group_vars.link")
+        [ -L "$m" ] && rm -f "$m"
+    fi
+    if [ -f "$LAB_INVENTORY" ] && grep -q "^# Generated by tests/lab/lab.sh up (LAB_NAME=$LAB_NAME)" "$LAB_INVENTORY"; then
+        if (( inventory_from_env )); then
+            printf '# lab %s is down (tests/lab/lab.sh down)\nall: {}\n' "$LAB_NAME" >"$LAB_INVENTORY"
+        else
+            rm -f "$LAB_INVENTORY"
+        fi
+    fi
+    if [ -d "$STATE" ]; then
+        if awk -v s="$STATE/" 'index($2, s) == 1 { found = 1 } END { exit !found }' /proc/mounts; then
+            die "mounts remain under $STATE; not removing it"
+        fi
+        rm -rf --one-file-system "$STATE"
+    fi
+    say "down in $(elapsed "$t0") (caches kept: $CACHE, $STATE_ROOT/base-*)"
+}
+
+ssh_ok() { ssh "${SSH_OPTS[@]}" -o ConnectTimeout=2 "root@$1" true 2>/dev/null; }
+
+cmd_status() {
+    load_saved
+    if [ ! -d "$STATE/nodes" ]; then
+        say "not up"
+        return 0
+    fi
+    local n pid ip s br nft
+    ip link show dev "$BR" >/dev/null 2>&1 && br="$BR up" || br="$BR missing"
+    nft list table inet "$NFT_TABLE" >/dev/null 2>&1 && nft="table inet $NFT_TABLE" || nft="nft table missing"
+    say "$br ($HOST_IP/$PREFIX), $nft, image ${LAB_IMAGE:-?}, inventory $LAB_INVENTORY"
+    printf '%-10s %-16s %-8s %s\n' NODE IP PID SSH
+    for n in $LAB_NODES; do
+        ip=$(node_ip "$n")
+        if pid=$(node_pid "$n"); then
+            ssh_ok "$ip" && s=ok || s="no answer"
+        else
+            pid=-; s="stopped"
+        fi
+        printf '%-10s %-16s %-8s %s\n' "$n" "$ip" "$pid" "$s"
+    done
+}
+
+on_node() {   # on_node NODE CMD: run CMD (a string) as root on NODE, 60 s cap
+    timeout 60 ssh "${SSH_OPTS[@]}" "root@$(node_ip "$1")" "$2"
+}
+has_node() { [[ " $LAB_NODES " == *" $1 "* ]]; }
+
+cmd_summary() {
+    load_saved
+    [ -d "$STATE/nodes" ] || { say "not up (tests/lab/lab.sh up)"; return 0; }
+    cmd_status
+    local ctl login out etcd_ip
+    ctl=$(ctl_node)
+    login=$(nodes_like 'login*' | head -n 1)
+    [ -n "$login" ] || login=$ctl
+    echo
+    # etcd
+    etcd_ip=$(node_ip "${LAB_ETCD_NODES%% *}")
+    out=$(on_node "${LAB_ETCD_NODES%% *}" "
+        if ! systemctl is-active -q etcd; then echo 'not deployed'; exit 0; fi
+        p=/etc/podnet/pki
+        if [ -r \$p/admin.crt ]; then
+            etcdctl --endpoints=https://$etcd_ip:2379 --cacert=\$p/ca.crt --cert=\$p/admin.crt --key=\$p/admin.key endpoint health 2>&1
+        else
+            etcdctl endpoint health 2>&1
+        fi" 2>&1) || true
+    printf 'etcd:      %s\n' "${out:-unreachable}"
+    # CoreDNS
+    if [ -n "$ctl" ]; then
+        out=$(on_node "$ctl" "
+            if ! command -v dig >/dev/null; then echo 'dig missing'; exit 0; fi
+            a=\$(dig +short +time=2 +tries=1 @$(node_ip "$ctl") $LAB_CLUSTER. SOA 2>/dev/null)
+            case \$a in ''|';'*) echo 'not deployed (no answer on $(node_ip "$ctl"):53)';; *) echo \"$LAB_CLUSTER. SOA \$a\";; esac" 2>&1) || true
+        printf 'coredns:   %s\n' "${out:-unreachable}"
+    fi
+    # Slurm
+    out=$(on_node "$login" "
+        if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
+        timeout 10 sinfo 2>&1" 2>&1) || true
+    printf 'sinfo (%s):\n%s\n' "$login" "$(sed 's/^/  /' <<<"${out:-unreachable}")"
+    out=$(on_node "$login" "
+        if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
+        timeout 40 runuser -u alice -- srun -N2 -t 1 hostname 2>&1 | sort" 2>&1) || true
+    printf 'srun -N2 hostname as alice (%s):\n%s\n' "$login" "$(sed 's/^/  /' <<<"${out:-unreachable}")"
+}
+
+cmd_ssh() {
+    load_saved
+    local target=${1:?usage: lab.sh ssh [USER@]NODE [CMD...]} user=root node ip
+    shift
+    if [[ $target == *@* ]]; then user=${target%@*}; node=${target#*@}; else node=$target; fi
+    ip=$(node_ip "$node") || die "no node '$node' in this lab ($LAB_NODES)"
+    local tty=()
+    [ $# -eq 0 ] && [ -t 0 ] && tty=(-t)
+    exec ssh "${SSH_OPTS[@]}" "${tty[@]}" "$user@$ip" "$@"
+}
+
+case ${1:-} in
+    up) cmd_up ;;
+    down) cmd_down ;;
+    status) cmd_status ;;
+    summary) cmd_summary ;;
+    ssh) shift; cmd_ssh "$@" ;;
+    image) cmd_image ;;
+    inventory) load_saved; echo "$LAB_INVENTORY" ;;
+    *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
+esac
