@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Build the binaries podnet deploys that the OS does not ship, the air-gapped
+# way (from the Go module proxy, or an already filled module cache), into
+# $PODNET_CACHE_DIR/artifacts/<name>-<version>-linux-amd64 (+ .sha256): the
+# layout roles read through podnet_artifact_dir.
+#
+# CoreDNS: a slim build of tests/lab/coredns (coremain + the plugins podnet
+# needs). Skipped when the binary exists and was built from the same inputs.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
+artifacts=$cache/artifacts
+export PATH=/usr/local/go/bin:$PATH
+export GOMODCACHE=${GOMODCACHE:-$cache/go/mod}
+export GOCACHE=${GOCACHE:-$cache/go/build}
+export GOFLAGS="-trimpath -mod=readonly -buildvcs=false"
+export CGO_ENABLED=0 GOOS=linux GOARCH=amd64 GOTOOLCHAIN=local
+
+command -v go >/dev/null || { echo "build-artifacts: go missing (expected /usr/local/go/bin/go)" >&2; exit 1; }
+mkdir -p "$artifacts" "$GOMODCACHE" "$GOCACHE"
+
+build_coredns() {
+    local src=$here/coredns version inputs out tmp t0 plugins p
+    version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { print $3 }
+                   $1 == "github.com/coredns/coredns" { print $2 }' "$src/go.mod" | head -n 1)
+    version=${version#v}
+    [ -n "$version" ] || { echo "build-artifacts: no github.com/coredns/coredns version in $src/go.mod" >&2; return 1; }
+    out=$artifacts/coredns-$version-linux-amd64
+    inputs=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go" "${BASH_SOURCE[0]}"; go version; } \
+              | sha256sum | cut -c1-16)
+    (
+        flock 9
+        if [ -x "$out" ] && [ -s "$out.sha256" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$inputs" ]; then
+            echo "coredns: cached (inputs $inputs)"
+        else
+            echo "coredns: building $version from the Go module proxy (inputs $inputs)"
+            t0=$SECONDS
+            tmp=$(mktemp "$artifacts/.coredns.XXXXXX")
+            trap 'rm -f "$tmp"' EXIT
+            (cd "$src" && go build -ldflags "-s -w -X github.com/coredns/coredns/coremain.GitCommit=podnet-slim" \
+                -o "$tmp" .)
+            plugins=$("$tmp" -plugins)
+            # one name a line; older CoreDNS printed "  dns.<name>"
+            for p in etcd forward cache prometheus health ready reload errors log loop hosts whoami; do
+                grep -qxE "[[:space:]]*(dns\.)?$p" <<<"$plugins" || {
+                    printf 'coredns: built binary lacks plugin %s; -plugins said:\n%s\n' "$p" "$plugins" >&2
+                    exit 1
+                }
+            done
+            chmod 0755 "$tmp"
+            mv -f "$tmp" "$out"
+            (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
+            echo "$inputs" >"$out.inputs"
+            echo "coredns: built in $((SECONDS - t0)) s"
+        fi
+    ) 9>"$artifacts/.coredns.lock"
+    echo "coredns: $out"
+    echo "coredns: sha256 $(cut -d' ' -f1 "$out.sha256")"
+    echo "coredns: $("$out" -version | tr '\n' ' ')"
+}
+
+build_coredns
