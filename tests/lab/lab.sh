@@ -117,6 +117,13 @@ load_saved() {
     fi
     parse_subnet "$LAB_SUBNET"
 }
+saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
+    (
+        # shellcheck source=/dev/null
+        . "$STATE/lab.env"
+        printf '%s\n' "${!1:-}"
+    )
+}
 save_config() {
     printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" >"$STATE/lab.env.tmp"
@@ -362,13 +369,13 @@ cmd_up() {
     exec 8>"$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
     flock -n 8 || { say "another lab.sh up/down of $LAB_NAME is running; waiting"; flock 8; }
     if [ -f "$STATE/lab.env" ]; then
-        # shellcheck disable=SC1090
-        saved_subnet=$(. "$STATE/lab.env"; echo "$LAB_SUBNET")
-        # shellcheck disable=SC1090
-        saved_image=$(. "$STATE/lab.env"; echo "$LAB_IMAGE")
+        saved_subnet=$(saved_var LAB_SUBNET)
+        saved_image=$(saved_var LAB_IMAGE)
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
     fi
+    # before creating anything: another lab or host network on our subnet?
+    ip link show dev "$BR" >/dev/null 2>&1 || check_subnet_free
     IMAGE_HASH=$(image_hash)
     if [ -n "$saved_image" ] && [ "$saved_image" != "$IMAGE_HASH" ]; then
         if [ -e "$STATE_ROOT/base-$saved_image/.complete" ]; then
@@ -434,8 +441,7 @@ cmd_down() {
     if ip link show dev "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
     if nft list table inet "$NFT_TABLE" >/dev/null 2>&1; then nft delete table inet "$NFT_TABLE"; fi
     if [ -f "$STATE/lab.env" ]; then
-        # shellcheck disable=SC1090
-        LAB_INVENTORY=$(. "$STATE/lab.env"; echo "$LAB_INVENTORY")
+        LAB_INVENTORY=$(saved_var LAB_INVENTORY)
     fi
     if [ -f "$STATE/group_vars.link" ]; then
         m=$(<"$STATE/group_vars.link")
@@ -454,6 +460,7 @@ cmd_down() {
         fi
         rm -rf --one-file-system "$STATE"
     fi
+    rm -f "$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
     say "down in $(elapsed "$t0") (caches kept: $CACHE, $STATE_ROOT/base-*)"
 }
 
@@ -481,6 +488,7 @@ cmd_status() {
     done
 }
 
+indent() { local l; while IFS= read -r l; do printf '  %s\n' "$l"; done; }
 on_node() {   # on_node NODE CMD: run CMD (a string) as root on NODE, 60 s cap
     timeout 60 ssh "${SSH_OPTS[@]}" "root@$(node_ip "$1")" "$2"
 }
@@ -518,11 +526,11 @@ cmd_summary() {
     out=$(on_node "$login" "
         if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
         timeout 10 sinfo 2>&1" 2>&1) || true
-    printf 'sinfo (%s):\n%s\n' "$login" "$(sed 's/^/  /' <<<"${out:-unreachable}")"
+    printf 'sinfo (%s):\n%s\n' "$login" "$(indent <<<"${out:-unreachable}")"
     out=$(on_node "$login" "
         if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
         timeout 40 runuser -u alice -- srun -N2 -t 1 hostname 2>&1 | sort" 2>&1) || true
-    printf 'srun -N2 hostname as alice (%s):\n%s\n' "$login" "$(sed 's/^/  /' <<<"${out:-unreachable}")"
+    printf 'srun -N2 hostname as alice (%s):\n%s\n' "$login" "$(indent <<<"${out:-unreachable}")"
 }
 
 cmd_ssh() {
