@@ -176,17 +176,20 @@ net_up() {
     fi
     ip addr replace "$HOST_IP/$PREFIX" dev "$BR"
     ip link set dev "$BR" up
-    # One atomic transaction: create-or-replace the lab's table. Bridged frames
-    # pass the inet forward hook (bridge-nf-call-iptables=1) with in/out = the
-    # bridge: accept those; drop anything routed between the lab and any other
-    # interface, whatever ip_forward and other tables say.
-    nft -f - <<EOF
+    nft_ruleset | nft -f -
+}
+# One atomic transaction: create-or-replace the lab's table. Bridged frames
+# pass the inet forward hook (bridge-nf-call-iptables=1) with in/out = the
+# bridge: accept those; drop anything routed between the lab and any other
+# interface, whatever ip_forward and other tables say.
+nft_ruleset() {
+    cat <<EOF
 table inet $NFT_TABLE
 delete table inet $NFT_TABLE
 table inet $NFT_TABLE {
     chain forward {
         type filter hook forward priority filter - 10; policy accept;
-        iifname "$BR" oifname "$BR" accept comment "lab bridge-internal traffic"
+        iifname "$BR" oifname "$BR" counter accept comment "lab bridge-internal traffic"
         iifname "$BR" counter drop comment "never forward out of the lab"
         oifname "$BR" counter drop comment "never forward into the lab"
     }
@@ -551,6 +554,7 @@ case ${1:-} in
     summary) cmd_summary ;;
     ssh) shift; cmd_ssh "$@" ;;
     image) cmd_image ;;
+    ruleset) validate; nft_ruleset ;;   # the host table up installs (tests/lab/test-host-guard.sh)
     inventory) load_saved; echo "$LAB_INVENTORY" ;;
     *) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2 ;;
 esac
