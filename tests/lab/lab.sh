@@ -12,6 +12,8 @@ LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
+# which settings the caller gave (an existing lab otherwise keeps its own)
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
 LAB_ETCD_NODES=${LAB_ETCD_NODES:-ctl}
@@ -208,6 +210,43 @@ node_pid() {   # prints the pid of the node's nspawn if it is running
     tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "systemd-nspawn .*-M $LAB_NAME-$1 " || return 1
     echo "$pid"
 }
+# The container's PID 1 (child of nspawn, pid 1 in its own pid namespace)
+# survives a SIGKILLed nspawn: record it (pid + start time, against pid reuse)
+# so stop and restart can find an orphaned container.
+proc_start() { awk '{ print $22 }' "/proc/$1/stat" 2>/dev/null; }
+record_init() {   # record_init NODE NSPAWN_PID
+    local c kids=()
+    read -r -a kids < <(cat /proc/"$2"/task/*/children 2>/dev/null | tr '\n' ' ')
+    for c in "${kids[@]}"; do
+        if grep -Eq '^NSpid:[[:space:]]+[0-9]+[[:space:]]+1$' "/proc/$c/status" 2>/dev/null; then
+            echo "$c $(proc_start "$c")" >"$(node_dir "$1")/init"
+            return 0
+        fi
+    done
+    return 1
+}
+init_pid() {   # prints the pid of the node's container init if it still runs
+    local f pid start
+    f=$(node_dir "$1")/init
+    [ -s "$f" ] || return 1
+    read -r pid start <"$f"
+    [ -n "$pid" ] && [ "$(proc_start "$pid")" = "$start" ] || return 1
+    echo "$pid"
+}
+kill_orphan() {   # kill_orphan NODE: SIGKILL a container whose nspawn is gone
+    local pid bridge_port
+    pid=$(init_pid "$1") || return 0
+    say "$1: container init $pid outlived its nspawn: SIGKILL"
+    kill -KILL "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
+    # its veth goes away with its network namespace, asynchronously
+    bridge_port=$(ip -o link show master "$BR" 2>/dev/null | grep -c "vb-$LAB_NAME-$1" || true)
+    for _ in $(seq 50); do
+        [ "$bridge_port" = 0 ] && break
+        sleep 0.1
+        bridge_port=$(ip -o link show master "$BR" 2>/dev/null | grep -c "vb-$LAB_NAME-$1" || true)
+    done
+}
 is_mounted() { mountpoint -q "$1"; }
 write_node_files() {   # write_node_files NODE IP ROOT (the merged tree)
     local node=$1 ip=$2 root=$3 n u name uid home
@@ -262,11 +301,13 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
     nd=$(node_dir "$node"); root=$nd/root
     if pid=$(node_pid "$node"); then
         if wait_ssh "$ip" 10; then
+            [ -s "$nd/init" ] || record_init "$node" "$pid" || true
             say "$node ($ip) already running, pid $pid, ssh ok"
             return 0
         fi
         die "$node ($ip) is running (pid $pid) but SSH does not answer; try: LAB_NAME=$LAB_NAME $0 down"
     fi
+    kill_orphan "$node"
     mkdir -p "$nd/upper" "$nd/work" "$root"
     if [ -s "$nd/ip" ] && [ "$(<"$nd/ip")" != "$ip" ]; then
         die "$node was created with address $(<"$nd/ip"), LAB_NODES now gives $ip: run down first"
@@ -285,6 +326,7 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
         tail -n 20 "$nd/console.log" >&2 || true
         die "$node ($ip): no SSH after 90 s (pid $pid, log $nd/console.log)"
     fi
+    record_init "$node" "$pid" || say "$node: warning: container init of nspawn $pid not found"
     say "$node ($ip) up in $(elapsed "$t0"), pid $pid"
 }
 
@@ -374,8 +416,12 @@ cmd_up() {
     if [ -f "$STATE/lab.env" ]; then
         saved_subnet=$(saved_var LAB_SUBNET)
         saved_image=$(saved_var LAB_IMAGE)
+        [[ $explicit == *" LAB_SUBNET "* ]] || LAB_SUBNET=$saved_subnet
+        [[ $explicit == *" LAB_NODES "* ]] || LAB_NODES=$(saved_var LAB_NODES)
+        [[ $explicit == *" LAB_ETCD_NODES "* ]] || LAB_ETCD_NODES=$(saved_var LAB_ETCD_NODES)
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
+        validate
     fi
     # before creating anything: another lab or host network on our subnet?
     ip link show dev "$BR" >/dev/null 2>&1 || check_subnet_free
@@ -421,6 +467,8 @@ stop_nodes() {
             while kill -0 "$pid" 2>/dev/null; do sleep 0.1; done
         fi
     done
+    # a container left without its nspawn (nspawn SIGKILLed) dies too
+    for n in "$@"; do kill_orphan "$n"; done
 }
 
 cmd_down() {
