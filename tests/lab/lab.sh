@@ -582,6 +582,16 @@ cmd_summary() {
         if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
         timeout 40 runuser -u alice -- srun -N2 -t 1 hostname 2>&1 | sort" 2>&1) || true
     printf 'srun -N2 hostname as alice (%s):\n%s\n' "$login" "$(indent <<<"${out:-unreachable}")"
+    # Extension point: every tests/lab/summary.d/*.sh adds its own lines
+    # (best effort: print "not deployed" rather than fail).
+    local f
+    for f in "$LAB_DIR"/summary.d/*.sh; do
+        [ -e "$f" ] || continue
+        out=$(LAB_NAME=$LAB_NAME LAB_STATE=$STATE LAB_SSH_KEY=$SSH_KEY LAB_INVENTORY=$LAB_INVENTORY \
+              LAB_NODES=$LAB_NODES LAB_CTL=$ctl LAB_LOGIN=$login LAB_SH=$LAB_DIR/lab.sh \
+              timeout 120 bash "$f" 2>&1) || out+=" (check $(basename "$f") failed)"
+        printf '%s\n' "$out"
+    done
 }
 
 cmd_ssh() {
