@@ -2,7 +2,7 @@
 # podnet lab cluster: systemd-nspawn nodes booted from one Debian trixie image,
 # on a private host bridge, reachable over SSH. See docs/lab.md.
 #
-#   lab.sh up | down | status | summary | ssh [USER@]NODE [CMD...] | image | inventory
+#   lab.sh up | down | status | summary | ssh [USER@]NODE [CMD...] | image | inventory | ruleset
 #
 # Env: LAB_NAME (pnlab), LAB_NODES ("ctl login c1 c2"), LAB_SUBNET (198.51.100.0/26),
 #      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev).
@@ -608,9 +608,9 @@ cmd_ssh() {
 case ${1:-} in
     up) cmd_up ;;
     down) cmd_down ;;
-    status) cmd_status ;;
-    summary) cmd_summary ;;
-    ssh) shift; cmd_ssh "$@" ;;
+    status) require_root; cmd_status ;;
+    summary) require_root; cmd_summary ;;
+    ssh) require_root; shift; cmd_ssh "$@" ;;
     image) cmd_image ;;
     ruleset) validate; nft_ruleset ;;   # the host table up installs (tests/lab/test-host-guard.sh)
     inventory) load_saved; echo "$LAB_INVENTORY" ;;
