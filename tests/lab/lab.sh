@@ -5,7 +5,8 @@
 #   lab.sh up | down | status | summary | ssh [USER@]NODE [CMD...] | image | inventory | ruleset
 #
 # Env: LAB_NAME (pnlab), LAB_NODES ("ctl login c1 c2"), LAB_SUBNET (198.51.100.0/26),
-#      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev).
+#      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev),
+#      LAB_NSPAWN_ARGS (extra systemd-nspawn options for nodes booted by this up).
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -18,6 +19,7 @@ LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
 LAB_ETCD_NODES=${LAB_ETCD_NODES:-ctl}
 LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
+LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}       # extra systemd-nspawn options, e.g. --bind=/dev/fuse
 CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
 STATE_ROOT=/var/lib/podnet-lab
 STATE=$STATE_ROOT/$LAB_NAME
@@ -316,8 +318,10 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
     is_mounted "$root" || mount -t overlay "$LAB_NAME-$node" \
         -o "lowerdir=$BASE/rootfs,upperdir=$nd/upper,workdir=$nd/work" "$root"
     write_node_files "$node" "$ip" "$root"
+    local extra=()
+    read -r -a extra <<<"$LAB_NSPAWN_ARGS"
     setsid systemd-nspawn --quiet --boot --register=no --keep-unit --console=passive \
-        --link-journal=no --resolv-conf=off --timezone=off \
+        --link-journal=no --resolv-conf=off --timezone=off "${extra[@]}" \
         --network-bridge="$BR" -M "$LAB_NAME-$node" -D "$root" \
         </dev/null >"$nd/console.log" 2>&1 8>&- &
     pid=$!
