@@ -17,7 +17,7 @@ LAB_NAME=${LAB_NAME:-pnlab}
 explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
-LAB_ETCD_NODES=${LAB_ETCD_NODES:-ctl}
+LAB_ETCD_NODES=${LAB_ETCD_NODES-__ctl__}  # default: the ctl node (see ctl_node), if any
 LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}       # extra systemd-nspawn options, e.g. --bind=/dev/fuse
 CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
@@ -59,6 +59,7 @@ require_tools() {
     done
 }
 validate() {
+    [ "$LAB_ETCD_NODES" != __ctl__ ] || LAB_ETCD_NODES=$(ctl_node)
     [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,11}$ ]] \
         || die "LAB_NAME '$LAB_NAME': use 1-12 of [a-z0-9], starting with a letter (bridge ${LAB_NAME}br0 must fit 15 chars)"
     local n seen=" "
@@ -119,6 +120,7 @@ load_saved() {
         # shellcheck source=/dev/null
         . "$STATE/lab.env"
     fi
+    [ "$LAB_ETCD_NODES" != __ctl__ ] || LAB_ETCD_NODES=$(ctl_node)
     parse_subnet "$LAB_SUBNET"
 }
 saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
@@ -549,25 +551,33 @@ on_node() {   # on_node NODE CMD: run CMD (a string) as root on NODE, 60 s cap
 }
 has_node() { [[ " $LAB_NODES " == *" $1 "* ]]; }
 
+summary_etcd() {   # summary_etcd NODE: endpoint health through NODE's client port
+    local ip
+    ip=$(node_ip "$1")
+    on_node "$1" "
+        if ! systemctl is-active -q etcd; then echo 'not deployed'; exit 0; fi
+        p=/etc/podnet/pki
+        if [ -r \$p/admin.crt ]; then
+            etcdctl --endpoints=https://$ip:2379 --cacert=\$p/ca.crt --cert=\$p/admin.crt --key=\$p/admin.key endpoint health 2>&1
+        else
+            etcdctl endpoint health 2>&1
+        fi"
+}
 cmd_summary() {
     load_saved
     [ -d "$STATE/nodes" ] || { say "not up (tests/lab/lab.sh up)"; return 0; }
     cmd_status
-    local ctl login out etcd_ip
+    local ctl login out
     ctl=$(ctl_node)
     login=$(nodes_like 'login*' | head -n 1)
-    [ -n "$login" ] || login=$ctl
+    [ -n "$login" ] || login=${ctl:-${LAB_NODES%% *}}
     echo
     # etcd
-    etcd_ip=$(node_ip "${LAB_ETCD_NODES%% *}")
-    out=$(on_node "${LAB_ETCD_NODES%% *}" "
-        if ! systemctl is-active -q etcd; then echo 'not deployed'; exit 0; fi
-        p=/etc/podnet/pki
-        if [ -r \$p/admin.crt ]; then
-            etcdctl --endpoints=https://$etcd_ip:2379 --cacert=\$p/ca.crt --cert=\$p/admin.crt --key=\$p/admin.key endpoint health 2>&1
-        else
-            etcdctl endpoint health 2>&1
-        fi" 2>&1) || true
+    if [ -n "$LAB_ETCD_NODES" ]; then
+        out=$(summary_etcd "${LAB_ETCD_NODES%% *}" 2>&1) || true
+    else
+        out="no etcd node in this lab"
+    fi
     printf 'etcd:      %s\n' "${out:-unreachable}"
     # CoreDNS
     if [ -n "$ctl" ]; then
@@ -600,6 +610,7 @@ cmd_summary() {
 
 cmd_ssh() {
     load_saved
+    [ -f "$STATE/lab.env" ] || die "lab $LAB_NAME is not up"
     local target=${1:?usage: lab.sh ssh [USER@]NODE [CMD...]} user=root node ip
     shift
     if [[ $target == *@* ]]; then user=${target%@*}; node=${target#*@}; else node=$target; fi
