@@ -283,9 +283,12 @@ EOF
         install -m 0600 -o "$uid" -g "$(stat -c %g "$home")" "$SSH_KEY.pub" "$home/.ssh/authorized_keys"
     done
 }
-wait_ssh() {   # wait_ssh IP TIMEOUT_S
-    local ip=$1 deadline=$(( SECONDS + $2 ))
+wait_ssh() {   # wait_ssh IP TIMEOUT_S [PID]: SSH answers (gives up early if PID exits)
+    local ip=$1 deadline=$(( SECONDS + $2 )) pid=${3:-}
     while (( SECONDS < deadline )); do
+        if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+            return 1
+        fi
         if timeout 1 bash -c "exec 3<>/dev/tcp/$ip/22" 2>/dev/null \
             && ssh "${SSH_OPTS[@]}" -o ConnectTimeout=2 "root@$ip" true 2>/dev/null; then
             return 0
@@ -324,8 +327,9 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
         </dev/null >"$nd/console.log" 2>&1 8>&- &
     pid=$!
     echo "$pid" >"$nd/pid"
-    if ! wait_ssh "$ip" 90; then
+    if ! wait_ssh "$ip" 90 "$pid"; then
         tail -n 20 "$nd/console.log" >&2 || true
+        kill -0 "$pid" 2>/dev/null || die "$node ($ip): systemd-nspawn exited (log $nd/console.log, above)"
         die "$node ($ip): no SSH after 90 s (pid $pid, log $nd/console.log)"
     fi
     record_init "$node" "$pid" || say "$node: warning: container init of nspawn $pid not found"
