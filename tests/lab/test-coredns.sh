@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Checks the slim CoreDNS artifact against a real etcd, on loopback only:
+# podnet-style SkyDNS records (A, multi-A for a job name, PTR), health, ready
+# and Prometheus metrics. Builds the artifact first if needed.
+#   tests/lab/test-coredns.sh        (prints "coredns: N passed, N failed")
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
+"$here/build-artifacts.sh" >/dev/null
+version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { sub(/^v/, "", $3); print $3 }' "$here/coredns/go.mod")
+bin=$cache/artifacts/coredns-$version-linux-amd64
+for t in etcd etcdctl dig curl; do
+    command -v "$t" >/dev/null || { echo "test-coredns: $t missing" >&2; exit 1; }
+done
+
+base=$(( 20000 + ($$ % 4000) * 6 ))      # six loopback ports of our own
+client=$base peer=$((base + 1)) dns=$((base + 2)) health=$((base + 3)) metrics=$((base + 4)) ready=$((base + 5))
+dir=$(mktemp -d /tmp/podnet-coredns-test.XXXXXX)
+pids=()
+cleanup() {
+    local p
+    for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+    rm -rf "$dir"
+}
+trap cleanup EXIT
+passed=0 failed=0
+check() {   # check NAME EXPECTED ACTUAL
+    if [ "$2" = "$3" ]; then
+        echo "PASS $1"; passed=$((passed + 1))
+    else
+        printf 'FAIL %s\n  expected: %s\n  got:      %s\n' "$1" "$2" "$3"; failed=$((failed + 1))
+    fi
+}
+
+etcd --name t --data-dir "$dir/etcd" \
+    --listen-client-urls "http://127.0.0.1:$client" --advertise-client-urls "http://127.0.0.1:$client" \
+    --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
+    --initial-cluster "t=http://127.0.0.1:$peer" >"$dir/etcd.log" 2>&1 &
+pids+=($!)
+ectl() { ETCDCTL_API=3 etcdctl --endpoints="http://127.0.0.1:$client" "$@"; }
+for _ in $(seq 100); do ectl endpoint health >/dev/null 2>&1 && break; sleep 0.1; done
+ectl put /skydns/lab/alice/myjob/pod0 '{"host":"198.18.0.9"}' >/dev/null
+ectl put /skydns/lab/alice/myjob/pod1 '{"host":"198.18.0.10"}' >/dev/null
+ectl put /skydns/arpa/in-addr/198/18/0/9 '{"host":"pod0.myjob.alice.lab"}' >/dev/null
+
+cat >"$dir/Corefile" <<EOF
+lab:$dns 18.198.in-addr.arpa:$dns {
+    bind 127.0.0.1
+    errors
+    health 127.0.0.1:$health
+    ready 127.0.0.1:$ready
+    prometheus 127.0.0.1:$metrics
+    etcd lab in-addr.arpa {
+        endpoint http://127.0.0.1:$client
+    }
+    loadbalance
+    cache 5
+}
+EOF
+"$bin" -conf "$dir/Corefile" >"$dir/coredns.log" 2>&1 &
+pids+=($!)
+for _ in $(seq 100); do curl -fs "http://127.0.0.1:$health/health" >/dev/null 2>&1 && break; sleep 0.1; done
+
+q() { dig +short +time=2 +tries=1 @127.0.0.1 -p "$dns" "$@" | sort | tr '\n' ' ' | sed 's/ $//'; }
+plugins=$("$bin" -plugins)
+check "plugins compiled in" "yes" "$(grep -qx etcd <<<"$plugins" && echo yes)"
+check "A pod0.myjob.alice.lab" "198.18.0.9" "$(q pod0.myjob.alice.lab A)"
+check "multi-A myjob.alice.lab (all pods of the job)" "198.18.0.10 198.18.0.9" "$(q myjob.alice.lab A)"
+check "PTR 198.18.0.9" "pod0.myjob.alice.lab." "$(q -x 198.18.0.9)"
+check "NXDOMAIN for an unknown pod" "NXDOMAIN" \
+    "$(dig +time=2 +tries=1 @127.0.0.1 -p "$dns" pod9.myjob.alice.lab A | sed -n 's/.*status: \([A-Z]*\),.*/\1/p')"
+ectl put /skydns/lab/alice/myjob/pod0 '{"host":"198.18.0.19"}' >/dev/null
+sleep 6   # cache 5
+check "updated record after the cache TTL" "198.18.0.19" "$(q pod0.myjob.alice.lab A)"
+check "health endpoint" "OK" "$(curl -fs "http://127.0.0.1:$health/health")"
+check "ready endpoint" "OK" "$(curl -fs "http://127.0.0.1:$ready/ready")"
+metrics_text=$(curl -fs "http://127.0.0.1:$metrics/metrics" || true)
+check "metrics endpoint counts requests" "yes" \
+    "$(grep -q '^coredns_dns_requests_total' <<<"$metrics_text" && echo yes)"
+
+if [ "$failed" != 0 ]; then tail -n 20 "$dir/coredns.log" >&2; fi
+echo "coredns: $passed passed, $failed failed"
+[ "$failed" = 0 ]
