@@ -10,7 +10,7 @@ cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
 "$here/build-artifacts.sh" >/dev/null
 version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { sub(/^v/, "", $3); print $3 }' "$here/coredns/go.mod")
 bin=$cache/artifacts/coredns-$version-linux-amd64
-for t in etcd etcdctl dig curl; do
+for t in etcd etcdctl dig; do
     command -v "$t" >/dev/null || { echo "test-coredns: $t missing" >&2; exit 1; }
 done
 
@@ -61,8 +61,17 @@ lab:$dns 18.198.in-addr.arpa:$dns {
 EOF
 "$bin" -conf "$dir/Corefile" >"$dir/coredns.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do curl -fs "http://127.0.0.1:$health/health" >/dev/null 2>&1 && break; sleep 0.1; done
+for _ in $(seq 100); do http_get "$health" /health >/dev/null && break; sleep 0.1; done
 
+http_get() {   # http_get PORT PATH: body of an HTTP/1.0 GET on loopback (no curl needed)
+    local resp
+    # shellcheck disable=SC2016  # $1/$2 expand in the inner bash
+    resp=$(timeout 5 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+        printf "GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n" "$2" >&3
+        cat <&3' _ "$1" "$2" 2>/dev/null) || return 1
+    [[ ${resp%%$'\r'*} == *" 200 "* ]] || return 1
+    printf '%s\n' "${resp#*$'\r\n\r\n'}"
+}
 q() { dig +short +time=2 +tries=1 @127.0.0.1 -p "$dns" "$@" | sort | tr '\n' ' ' | sed 's/ $//'; }
 plugins=$("$bin" -plugins)
 check "plugins compiled in" "yes" "$(grep -qx etcd <<<"$plugins" && echo yes)"
@@ -74,9 +83,9 @@ check "NXDOMAIN for an unknown pod" "NXDOMAIN" \
 ectl put /skydns/lab/alice/myjob/pod0 '{"host":"198.18.0.19"}' >/dev/null
 sleep 6   # cache 5
 check "updated record after the cache TTL" "198.18.0.19" "$(q pod0.myjob.alice.lab A)"
-check "health endpoint" "OK" "$(curl -fs "http://127.0.0.1:$health/health")"
-check "ready endpoint" "OK" "$(curl -fs "http://127.0.0.1:$ready/ready")"
-metrics_text=$(curl -fs "http://127.0.0.1:$metrics/metrics" || true)
+check "health endpoint" "OK" "$(http_get "$health" /health)"
+check "ready endpoint" "OK" "$(http_get "$ready" /ready)"
+metrics_text=$(http_get "$metrics" /metrics || true)
 check "metrics endpoint counts requests" "yes" \
     "$(grep -q '^coredns_dns_requests_total' <<<"$metrics_text" && echo yes)"
 
