@@ -1,0 +1,44 @@
+# Copyright (c) podnet developers
+# Apache License 2.0 (see galaxy.yml)
+"""Options shared by the hpc.podnet etcd modules (etcd v3 JSON gateway over TLS)."""
+
+from __future__ import annotations
+
+
+class ModuleDocFragment:
+    DOCUMENTATION = r"""
+options:
+  endpoints:
+    description:
+      - etcd client URLs (C(https://host:port)), tried in order until one answers.
+      - The modules speak etcd's v3 JSON gateway (C(/v3/...)), which etcd 3.4 and later serve
+        on the client port.
+    type: list
+    elements: str
+    default: ['https://127.0.0.1:2379']
+  ca_cert:
+    description:
+      - CA certificate (PEM) that signed the etcd server certificates.
+    type: path
+    default: /etc/podnet/pki/ca.crt
+  client_cert:
+    description:
+      - Client certificate (PEM) presented to etcd (etcd runs with C(--client-cert-auth)).
+    type: path
+    default: /etc/podnet/pki/admin.crt
+  client_key:
+    description:
+      - Private key (PEM, unencrypted) of O(client_cert).
+    type: path
+    default: /etc/podnet/pki/admin.key
+  timeout:
+    description:
+      - Seconds to wait for one HTTP request to one endpoint.
+    type: float
+    default: 10.0
+notes:
+  - Needs no Python package on the managed node beyond Ansible itself (requests go through
+    C(ansible.module_utils.urls)).
+  - Transient etcd errors (leader change, request timed out) are retried on the next endpoint,
+    except for membership changes, which are never sent twice.
+"""

@@ -1,0 +1,321 @@
+# Copyright (c) podnet developers
+# Apache License 2.0 (see galaxy.yml)
+"""Minimal client for etcd's v3 JSON gateway (grpc-gateway), for hpc.podnet modules.
+
+Private module utility: the API may change without notice. It speaks HTTPS with
+client certificates through ``ansible.module_utils.urls.open_url`` so managed
+nodes need nothing beyond Ansible itself. Keys and values travel base64-encoded;
+64-bit integers come back as JSON strings (grpc-gateway convention).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import socket
+import ssl
+import time
+import typing as t
+from urllib.error import HTTPError, URLError
+
+from ansible.module_utils.urls import open_url
+
+# Options shared by every etcd module (documented in the hpc.podnet.etcd doc fragment).
+ETCD_COMMON_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
+    "endpoints": {
+        "type": "list",
+        "elements": "str",
+        "default": ["https://127.0.0.1:2379"],
+    },
+    "ca_cert": {"type": "path", "default": "/etc/podnet/pki/ca.crt"},
+    "client_cert": {"type": "path", "default": "/etc/podnet/pki/admin.crt"},
+    "client_key": {"type": "path", "default": "/etc/podnet/pki/admin.key"},
+    "timeout": {"type": "float", "default": 10.0},
+}
+
+# etcd refuses a membership change with this before proposing it (strict reconfig check),
+# also while a member reconnected less than 5 s ago: safe to retry for a few seconds.
+_UNHEALTHY_MARKER = "unhealthy cluster"
+RECONFIG_RETRY_SECONDS = 8.0
+
+# etcd errors worth one more try on the same or another endpoint.
+_TRANSIENT_MARKERS = (
+    "leader changed",
+    "no leader",
+    "request timed out",
+    "too many requests",
+    "not capable",
+)
+
+Opener = t.Callable[..., t.Any]
+Json = dict[str, t.Any]
+
+
+class EtcdGatewayError(Exception):
+    """Any failure talking to etcd; ``str()`` is a message fit for fail_json."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def b64(text: str | bytes) -> str:
+    raw = text.encode("utf-8") if isinstance(text, str) else text
+    return base64.b64encode(raw).decode("ascii")
+
+
+def unb64(data: str | None) -> str:
+    if not data:
+        return ""
+    return base64.b64decode(data).decode("utf-8", errors="replace")
+
+
+def prefix_range_end(prefix: str) -> str:
+    """Range end covering every key that starts with ``prefix`` (as etcdctl --prefix)."""
+    raw = bytearray(prefix.encode("utf-8"))
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return b64(bytes(raw))
+        raw.pop()
+    # empty prefix (or all 0xff): every key
+    return b64(b"\x00")
+
+
+def member_id_hex(member_id: str | int) -> str:
+    return f"{int(member_id):x}"
+
+
+class EtcdGateway:
+    """Calls ``POST <endpoint>/v3/<path>`` on the first endpoint that answers."""
+
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        ca_cert: str | None = None,
+        client_cert: str | None = None,
+        client_key: str | None = None,
+        timeout: float = 10.0,
+        opener: Opener = open_url,
+        retries: int = 2,
+    ) -> None:
+        if not endpoints:
+            raise EtcdGatewayError("no etcd endpoint given (option endpoints is empty)")
+        for endpoint in endpoints:
+            if not endpoint.startswith(("https://", "http://")):
+                raise EtcdGatewayError(
+                    f"endpoint {endpoint!r} is not an http(s) URL (example: https://127.0.0.1:2379)"
+                )
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.ca_cert = ca_cert
+        self.client_cert = client_cert
+        self.client_key = client_key
+        self.timeout = timeout
+        self.opener = opener
+        self.retries = retries
+
+    # -- transport -------------------------------------------------------------------
+    def _post_once(self, endpoint: str, path: str, body: Json) -> Json:
+        url = f"{endpoint}/v3/{path}"
+        try:
+            resp = self.opener(
+                url,
+                data=json.dumps(body),
+                headers={"Content-Type": "application/json"},
+                method="POST",
+                timeout=self.timeout,
+                validate_certs=True,
+                use_proxy=False,
+                ca_path=self.ca_cert,
+                client_cert=self.client_cert,
+                client_key=self.client_key,
+                follow_redirects="none",
+            )
+            raw = resp.read()
+        except HTTPError as exc:
+            detail = ""
+            try:
+                payload = json.loads(exc.read() or b"{}")
+                detail = payload.get("error") or payload.get("message") or ""
+            except (ValueError, AttributeError):
+                pass
+            msg = f"{url}: HTTP {exc.code} {detail or exc.reason}"
+            raise EtcdGatewayError(msg, code=exc.code) from exc
+        except ssl.SSLError as exc:
+            raise _ConnectError(f"{url}: TLS error: {exc}") from exc
+        except URLError as exc:
+            reason = exc.reason
+            if isinstance(reason, ssl.SSLError):
+                raise _ConnectError(f"{url}: TLS error: {reason}") from exc
+            sent = not isinstance(reason, (socket.timeout, TimeoutError))
+            raise _ConnectError(f"{url}: unreachable: {reason}", before_send=sent) from exc
+        except TimeoutError as exc:
+            raise _ConnectError(
+                f"{url}: timed out after {self.timeout}s", before_send=False
+            ) from exc
+        except (OSError, ValueError) as exc:
+            # open_url raises ValueError for unreadable certificate files and the like
+            raise _ConnectError(f"{url}: {exc}") from exc
+        try:
+            data = json.loads(raw or b"{}")
+        except ValueError as exc:
+            snippet = raw[:200].decode("utf-8", errors="replace") if raw else ""
+            raise EtcdGatewayError(
+                f"{url}: answer is not JSON (is this an etcd v3 endpoint?): {snippet!r}"
+            ) from exc
+        if not isinstance(data, dict):
+            raise EtcdGatewayError(f"{url}: unexpected answer {data!r}")
+        if "error" in data and "header" not in data:
+            raise EtcdGatewayError("{}: {}".format(url, data.get("error")), code=data.get("code"))
+        return data
+
+    def reconfigure(self, path: str, body: Json) -> Json:
+        """A membership change: sent once, retried only while etcd refuses it up front
+        as "unhealthy cluster" (a member is down or reconnected just now)."""
+        deadline = time.monotonic() + RECONFIG_RETRY_SECONDS
+        while True:
+            try:
+                return self.post(path, body, idempotent=False)
+            except EtcdGatewayError as exc:
+                if _UNHEALTHY_MARKER not in str(exc) or time.monotonic() >= deadline:
+                    raise
+            time.sleep(1.0)
+
+    def post(self, path: str, body: Json, idempotent: bool = True) -> Json:
+        """POST to the first endpoint that answers; transient etcd errors are retried.
+
+        A non-idempotent call (membership changes) moves on only when an endpoint
+        refused the connection: a timeout or an etcd error may mean it was applied.
+        """
+        errors: list[str] = []
+        for attempt in range(self.retries + 1):
+            for endpoint in self.endpoints:
+                try:
+                    return self._post_once(endpoint, path, body)
+                except _ConnectError as exc:
+                    if not idempotent and not exc.before_send:
+                        raise
+                    errors.append(str(exc))
+                except EtcdGatewayError as exc:
+                    if not idempotent or not any(m in str(exc) for m in _TRANSIENT_MARKERS):
+                        raise
+                    errors.append(str(exc))
+            if attempt < self.retries:
+                time.sleep(0.5 * (attempt + 1))
+        raise EtcdGatewayError(
+            "no etcd endpoint answered ({}): {}".format(
+                ", ".join(self.endpoints), "; ".join(errors)
+            )
+        )
+
+    # -- kv ----------------------------------------------------------------------------
+    def get(self, key: str, prefix: bool = False) -> tuple[list[Json], int]:
+        """Return (kvs, revision); kvs have decoded ``key``/``value`` and int revisions."""
+        body: Json = {"key": b64(key)}
+        if prefix:
+            body["range_end"] = prefix_range_end(key)
+        data = self.post("kv/range", body)
+        return [_decode_kv(kv) for kv in data.get("kvs", [])], _header_revision(data)
+
+    def put(self, key: str, value: str) -> Json:
+        return self.post("kv/put", {"key": b64(key), "value": b64(value)})
+
+    def put_if_unchanged(self, key: str, value: str, mod_revision: int) -> bool:
+        """Write ``value`` only if the key's mod_revision is still ``mod_revision``
+        (0 = the key must not exist). Returns whether the write happened."""
+        compare = {
+            "key": b64(key),
+            "target": "MOD",
+            "result": "EQUAL",
+            "mod_revision": str(mod_revision),
+        }
+        data = self.post(
+            "kv/txn",
+            {
+                "compare": [compare],
+                "success": [{"request_put": {"key": b64(key), "value": b64(value)}}],
+            },
+        )
+        return bool(data.get("succeeded", False))
+
+    def delete(self, key: str, prefix: bool = False) -> list[Json]:
+        body: Json = {"key": b64(key), "prev_kv": True}
+        if prefix:
+            body["range_end"] = prefix_range_end(key)
+        data = self.post("kv/deleterange", body)
+        return [_decode_kv(kv) for kv in data.get("prev_kvs", [])]
+
+    # -- cluster -----------------------------------------------------------------------
+    def member_list(self) -> list[Json]:
+        data = self.post("cluster/member/list", {})
+        return [_decode_member(m) for m in data.get("members", [])]
+
+    def member_add(self, peer_urls: list[str], learner: bool = False) -> Json:
+        body: Json = {"peerURLs": peer_urls}
+        if learner:
+            body["isLearner"] = True
+        data = self.reconfigure("cluster/member/add", body)
+        return _decode_member(data.get("member", {}))
+
+    def member_remove(self, member_id: int) -> None:
+        self.reconfigure("cluster/member/remove", {"ID": str(member_id)})
+
+    def member_update(self, member_id: int, peer_urls: list[str]) -> None:
+        self.reconfigure("cluster/member/update", {"ID": str(member_id), "peerURLs": peer_urls})
+
+    def member_promote(self, member_id: int) -> None:
+        self.reconfigure("cluster/member/promote", {"ID": str(member_id)})
+
+    def endpoint_healthy(self, endpoint: str) -> bool:
+        """True when this one endpoint answers a maintenance/status call."""
+        try:
+            self._post_once(endpoint.rstrip("/"), "maintenance/status", {})
+        except (EtcdGatewayError, _ConnectError):
+            return False
+        return True
+
+
+class _ConnectError(EtcdGatewayError):
+    """The endpoint could not be reached (another endpoint may still answer)."""
+
+    def __init__(self, message: str, before_send: bool = True) -> None:
+        super().__init__(message)
+        self.before_send = before_send
+
+
+def _header_revision(data: Json) -> int:
+    header = data.get("header") or {}
+    return int(header.get("revision", 0) or 0)
+
+
+def _decode_kv(kv: Json) -> Json:
+    return {
+        "key": unb64(kv.get("key")),
+        "value": unb64(kv.get("value")),
+        "create_revision": int(kv.get("create_revision", 0) or 0),
+        "mod_revision": int(kv.get("mod_revision", 0) or 0),
+        "version": int(kv.get("version", 0) or 0),
+    }
+
+
+def _decode_member(member: Json) -> Json:
+    member_id = int(member.get("ID", 0) or 0)
+    return {
+        "id": member_id,
+        "id_hex": member_id_hex(member_id),
+        "name": member.get("name", "") or "",
+        "peer_urls": list(member.get("peerURLs") or []),
+        "client_urls": list(member.get("clientURLs") or []),
+        "is_learner": bool(member.get("isLearner", False)),
+    }
+
+
+def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
+    return EtcdGateway(
+        endpoints=list(params["endpoints"]),
+        ca_cert=params.get("ca_cert"),
+        client_cert=params.get("client_cert"),
+        client_key=params.get("client_key"),
+        timeout=float(params.get("timeout") or 10.0),
+    )
