@@ -1,0 +1,659 @@
+/*
+ * podnet_spank.c - SPANK plugin: every Slurm job gets a network pod per node.
+ *
+ *   extern step (slurmstepd, root)   init_post_opt: job_up (pod ready on reply)
+ *                                    exit:          job_down
+ *   batch step, step 0..N            init_post_opt: job_get (job_up if the pod
+ *                                    is missing), setns() of slurmstepd's main
+ *                                    thread BEFORE the MPI plugin starts its
+ *                                    threads and before the tasks fork
+ *                                    task_init_privileged: verify the task is in
+ *                                    the pod, or fail it with a readable message
+ *   job_prolog (root)                --podnet=no: leave a marker for the
+ *                                    extern step (which cannot see options)
+ *   job_epilog (root)                job_down (idempotent safety net)
+ *   sbatch/salloc/srun               --podnet=yes|no (no only if allowed)
+ *
+ * See docs/roles/spank.md for why each step is where it is (measured on Slurm
+ * 24.11). plugstack.conf arguments:
+ *   socket=PATH       podnetd socket (default /run/podnet/podnetd.sock)
+ *   timeout=SECONDS   bound for getting a pod (default 30, 1..3600)
+ *   allow_opt_out=0|1 accept --podnet=no (default 0)
+ *   policy=fail|warn  a step that cannot join its pod fails (default) or runs
+ *                     on the host network with a warning
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pwd.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+#include "podnet_client.h"
+
+SPANK_PLUGIN(podnet, 1);
+
+#ifndef SLURM_EXTERN_CONT
+#define SLURM_EXTERN_CONT (0xfffffffc)
+#endif
+#ifndef SLURM_BATCH_SCRIPT
+#define SLURM_BATCH_SCRIPT (0xfffffffb)
+#endif
+
+enum policy { POLICY_FAIL, POLICY_WARN };
+
+static struct {
+	char socket[108];
+	int timeout_s;
+	int allow_opt_out;
+	enum policy policy;
+} cfg = { PN_DEFAULT_SOCKET, 30, 0, POLICY_FAIL };
+
+/* per-process state (each slurmstepd loads the plugin afresh) */
+static int opt_out;              /* --podnet=no given (and allowed) */
+static int joined;               /* main thread is in the pod */
+static dev_t pod_dev;            /* identity of the pod's netns */
+static ino_t pod_ino;
+static char pod_name[64];
+static char pending_error[768];  /* reported to the user in the task */
+
+static int opt_cb(int val, const char *optarg, int remote);
+
+static struct spank_option podnet_option = {
+	"podnet", "yes|no",
+	"Run the job in its private network pod (yes, the default) or on the "
+	"host network (no; only where the site allows it).",
+	1, 0, opt_cb
+};
+
+/* ---------------------------------------------------------------------- */
+
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int parse_args(int ac, char **av)
+{
+	int i;
+
+	for (i = 0; i < ac; i++) {
+		const char *a = av[i];
+		unsigned long long v;
+
+		if (!strncmp(a, "socket=", 7)) {
+			const char *p = a + 7;
+			if (p[0] != '/' || strlen(p) >= sizeof(cfg.socket)) {
+				slurm_error("podnet: plugstack argument '%s': "
+					    "need an absolute path shorter "
+					    "than %zu bytes", a,
+					    sizeof(cfg.socket));
+				return -1;
+			}
+			snprintf(cfg.socket, sizeof(cfg.socket), "%s", p);
+		} else if (!strncmp(a, "timeout=", 8)) {
+			if (pn_parse_uint(a + 8, 1, 3600, &v) < 0) {
+				slurm_error("podnet: plugstack argument '%s': "
+					    "need seconds in 1..3600", a);
+				return -1;
+			}
+			cfg.timeout_s = (int) v;
+		} else if (!strncmp(a, "allow_opt_out=", 14)) {
+			if (pn_parse_uint(a + 14, 0, 1, &v) < 0) {
+				slurm_error("podnet: plugstack argument '%s': "
+					    "need 0 or 1", a);
+				return -1;
+			}
+			cfg.allow_opt_out = (int) v;
+		} else if (!strcmp(a, "policy=fail")) {
+			cfg.policy = POLICY_FAIL;
+		} else if (!strcmp(a, "policy=warn")) {
+			cfg.policy = POLICY_WARN;
+		} else {
+			slurm_error("podnet: unknown plugstack argument '%s' "
+				    "(known: socket= timeout= allow_opt_out= "
+				    "policy=fail|warn)", a);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+static int opt_cb(int val, const char *optarg, int remote)
+{
+	(void) val;
+	(void) remote;
+	if (!optarg || !strcmp(optarg, "yes")) {
+		opt_out = 0;
+		return 0;
+	}
+	if (strcmp(optarg, "no") != 0) {
+		slurm_error("podnet: --podnet=%s: use --podnet=yes or "
+			    "--podnet=no", optarg);
+		return -1;
+	}
+	if (!cfg.allow_opt_out) {
+		slurm_error("podnet: --podnet=no is not allowed on this "
+			    "cluster: every job runs in its network pod");
+		return -1;
+	}
+	opt_out = 1;
+	return 0;
+}
+
+/* Sends one request, retrying while podnetd says "try again" (EUNAVAIL) or
+ * is briefly unreachable, until deadline. Returns a PN_CALL_* code. */
+static int call_until(const char *req, size_t len, pn_reply_t *rep,
+		      long long deadline, char *msg, size_t msgsz)
+{
+	int delay = 100, rc;
+
+	for (;;) {
+		int left = (int) (deadline - mono_ms());
+
+		if (left <= 0) {
+			if (!msg[0])
+				snprintf(msg, msgsz, "no answer from podnetd "
+					 "within %d s", cfg.timeout_s);
+			return PN_CALL_E_TIMEOUT;
+		}
+		rc = pn_call(cfg.socket, req, len, rep, left, msg, msgsz);
+		if (rc == PN_CALL_OK &&
+		    (rep->ok || strcmp(rep->err_code, "EUNAVAIL") != 0))
+			return rc;
+		if (rc == PN_CALL_E_PROTO || rc == PN_CALL_E_USAGE)
+			return rc;
+		if (rc == PN_CALL_OK)
+			snprintf(msg, msgsz, "%s", rep->err_msg);
+		if (deadline - mono_ms() <= delay)
+			return rc == PN_CALL_OK ? PN_CALL_E_TIMEOUT : rc;
+		(void) poll(NULL, 0, delay);
+		if (delay < 2000)
+			delay *= 2;
+	}
+}
+
+/* user name of uid, from the job record or the passwd database */
+static int user_name(uid_t uid, const char *hint, char *out, size_t outsz)
+{
+	struct passwd pw, *res = NULL;
+	char buf[4096];
+
+	if (hint && hint[0] && strlen(hint) < outsz) {
+		snprintf(out, outsz, "%s", hint);
+		return 0;
+	}
+	if (getpwuid_r(uid, &pw, buf, sizeof(buf), &res) != 0 || !res ||
+	    strlen(pw.pw_name) >= outsz)
+		return -1;
+	snprintf(out, outsz, "%s", pw.pw_name);
+	return 0;
+}
+
+/*
+ * job_up for this node. The job's name, node list and user come from
+ * slurmctld (slurm_load_job), not from the step's environment, which the
+ * user controls and which the extern step does not have. node_index is this node's position in the job (S_JOB_NODEID of the
+ * extern step) or, in other steps, our position in the job's node list.
+ * Returns 0 with *rep filled, -1 on error (msg set).
+ */
+static int job_up(spank_t sp, uint32_t job_id, uid_t uid, int node_index,
+		  const char *node_name, long long deadline, pn_reply_t *rep,
+		  char *msg, size_t msgsz)
+{
+	job_info_msg_t *info = NULL;
+	slurm_job_info_t *job = NULL;
+	char user[256], *buf = NULL;
+	pn_req_t r;
+	long len;
+	int rc = -1, n = 0, found = -1, i;
+	uint32_t k;
+
+	(void) sp;
+	if (slurm_load_job(&info, job_id, SHOW_DETAIL) != 0 || !info) {
+		snprintf(msg, msgsz, "cannot read job %u from slurmctld: %s",
+			 job_id, slurm_strerror(errno));
+		return -1;
+	}
+	for (k = 0; k < info->record_count; k++)
+		if (info->job_array[k].job_id == job_id)
+			job = &info->job_array[k];
+	if (!job || !job->nodes) {
+		snprintf(msg, msgsz, "slurmctld has no node list for job %u",
+			 job_id);
+		goto out;
+	}
+	if (user_name(uid, job->user_name, user, sizeof(user)) < 0) {
+		snprintf(msg, msgsz, "no user name for uid %u", (unsigned) uid);
+		goto out;
+	}
+	buf = malloc(PN_MAX_LINE + 1);
+	if (!buf) {
+		snprintf(msg, msgsz, "out of memory");
+		goto out;
+	}
+	pn_req_begin(&r, buf, PN_MAX_LINE + 1, "job_up");
+	pn_req_int(&r, "job_id", job_id);
+	pn_req_str(&r, "user", user);
+	pn_req_int(&r, "uid", (long long) uid);
+	pn_req_str(&r, "job_name", job->name ? job->name : "");
+	pn_req_list_begin(&r, "nodes");
+	{
+		__typeof__(slurm_hostlist_create(NULL)) hl =
+			slurm_hostlist_create(job->nodes);
+		char *h;
+
+		if (!hl) {
+			snprintf(msg, msgsz, "cannot parse node list '%s'",
+				 job->nodes);
+			goto out;
+		}
+		while ((h = slurm_hostlist_shift(hl))) {
+			if (node_name && found < 0 && !strcmp(h, node_name))
+				found = n;
+			pn_req_list_str(&r, h);
+			n++;
+			free(h);
+		}
+		slurm_hostlist_destroy(hl);
+	}
+	pn_req_list_end(&r);
+	if (node_index < 0)
+		node_index = found;
+	if (node_index < 0 || node_index >= n) {
+		snprintf(msg, msgsz, "this node (%s) is not in job %u's node "
+			 "list %s", node_name ? node_name : "?", job_id,
+			 job->nodes);
+		goto out;
+	}
+	pn_req_int(&r, "node_index", node_index);
+	len = pn_req_end(&r);
+	if (len < 0) {
+		snprintf(msg, msgsz, "job_up request does not fit in %d bytes "
+			 "(node list too long?)", PN_MAX_LINE);
+		goto out;
+	}
+	i = call_until(buf, (size_t) len, rep, deadline, msg, msgsz);
+	if (i != PN_CALL_OK)
+		goto out;
+	if (!rep->ok) {
+		snprintf(msg, msgsz, "%s (%s)", rep->err_msg, rep->err_code);
+		goto out;
+	}
+	rc = 0;
+out:
+	free(buf);
+	slurm_free_job_info_msg(info);
+	return rc;
+}
+
+static int simple_call(const char *op, uint32_t job_id, long long deadline,
+		       pn_reply_t *rep, char *msg, size_t msgsz)
+{
+	char buf[256];
+	pn_req_t r;
+	long len;
+
+	pn_req_begin(&r, buf, sizeof(buf), op);
+	pn_req_int(&r, "job_id", job_id);
+	len = pn_req_end(&r);
+	if (len < 0) {
+		snprintf(msg, msgsz, "internal error building %s", op);
+		return PN_CALL_E_USAGE;
+	}
+	return call_until(buf, (size_t) len, rep, deadline, msg, msgsz);
+}
+
+/* ---------------------------------------------------------------------- */
+/*
+ * The extern step never sees user options (measured on 24.11), but the job
+ * prolog does (spank_option_getopt) and runs before it on every node: the
+ * prolog leaves a root-only marker that the extern step reads.
+ */
+#define MARK_DIR "/run/podnet-spank"
+
+static void mark_path(uint32_t job_id, char *p, size_t sz)
+{
+	snprintf(p, sz, MARK_DIR "/optout.%u", job_id);
+}
+
+static void opt_out_mark(uint32_t job_id)
+{
+	char p[64];
+	struct stat st;
+	int fd;
+
+	if (mkdir(MARK_DIR, 0700) < 0 && errno != EEXIST)
+		return;
+	if (lstat(MARK_DIR, &st) < 0 || !S_ISDIR(st.st_mode) ||
+	    st.st_uid != 0 || (st.st_mode & 077))
+		return;
+	mark_path(job_id, p, sizeof(p));
+	fd = open(p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+}
+
+static int opt_out_marked(uint32_t job_id)
+{
+	char p[64];
+	struct stat st;
+
+	if (!cfg.allow_opt_out)
+		return 0;
+	if (lstat(MARK_DIR, &st) < 0 || !S_ISDIR(st.st_mode) ||
+	    st.st_uid != 0 || (st.st_mode & 077))
+		return 0;
+	mark_path(job_id, p, sizeof(p));
+	return lstat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0;
+}
+
+static void opt_out_clear(uint32_t job_id)
+{
+	char p[64];
+
+	mark_path(job_id, p, sizeof(p));
+	(void) unlink(p);
+}
+
+static void extern_step_up(spank_t sp, uint32_t job_id)
+{
+	uint32_t nodeid = 0;
+	uid_t uid;
+	pn_reply_t rep;
+	char msg[600] = "";
+	long long t0 = mono_ms();
+	int rc;
+
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_NODEID, &nodeid) != ESPANK_SUCCESS) {
+		slurm_error("podnet: job %u: cannot get uid/node id", job_id);
+		return;
+	}
+	if (opt_out_marked(job_id)) {
+		slurm_info("podnet: job %u opted out (--podnet=no): no pod",
+			   job_id);
+		return;
+	}
+	rc = job_up(sp, job_id, uid, (int) nodeid, NULL,
+		    t0 + cfg.timeout_s * 1000LL, &rep, msg, sizeof(msg));
+	if (rc == 0) {
+		slurm_info("podnet: job %u: pod %s (%s) ready in %lld ms",
+			   job_id, rep.pod_name, rep.pod_ip, mono_ms() - t0);
+	} else {
+		/*
+		 * Do not fail the extern step: Slurm then requeues the job and
+		 * holds it (launch_failed_requeued_held) while its batch script
+		 * may already run elsewhere, and the user never sees why. The
+		 * steps retry job_up and fail with this message instead.
+		 */
+		slurm_error("podnet: job %u: no pod on this node yet: %s "
+			    "(steps will retry)", job_id, msg);
+	}
+}
+
+static void set_pending(const char *fmt, ...)
+	__attribute__((format(printf, 1, 2)));
+
+static void set_pending(const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(pending_error, sizeof(pending_error), fmt, ap);
+	va_end(ap);
+}
+
+/* Puts the calling thread (slurmstepd's main thread) into the pod. */
+static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
+{
+	char msg[600] = "", why[512], node[256] = "", fallback[64];
+	const char *netns = NULL;
+	long long deadline = mono_ms() + cfg.timeout_s * 1000LL;
+	pn_reply_t rep;
+	struct stat st;
+	uid_t uid;
+	int rc, fd;
+
+	if (opt_out) {
+		slurm_info("podnet: job %u step %u: --podnet=no, host network",
+			   job_id, step_id);
+		return;
+	}
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+		set_pending("podnet: cannot get the job's uid");
+		return;
+	}
+	rc = simple_call("job_get", job_id, deadline, &rep, msg, sizeof(msg));
+	if (rc == PN_CALL_OK && !rep.ok && !strcmp(rep.err_code, "ENOENT")) {
+		/* no pod (extern step failed or opted out): build it now */
+		int idx = -1;
+		if (step_id == SLURM_BATCH_SCRIPT)
+			idx = 0; /* the batch host is the job's first node */
+		else if (spank_getenv(sp, "SLURMD_NODENAME", node,
+				      sizeof(node)) != ESPANK_SUCCESS)
+			(void) gethostname(node, sizeof(node) - 1);
+		msg[0] = '\0';
+		rc = job_up(sp, job_id, uid, idx, node, deadline, &rep, msg,
+			    sizeof(msg));
+		rc = rc == 0 ? PN_CALL_OK : -1;
+	} else if (rc == PN_CALL_OK && !rep.ok) {
+		snprintf(msg, sizeof(msg), "%s (%s)", rep.err_msg,
+			 rep.err_code);
+		rc = -1;
+	}
+	if (rc == PN_CALL_OK) {
+		netns = rep.pod_netns;
+		snprintf(pod_name, sizeof(pod_name), "%s", rep.pod_name);
+		if (rep.pod_uid >= 0 && rep.pod_uid != (long long) uid) {
+			set_pending("podnet: podnetd returned a pod of another "
+				    "user; refusing it");
+			return;
+		}
+	} else if (rc == PN_CALL_E_CONNECT) {
+		/* daemon down (restarting?): the pod may still exist */
+		snprintf(fallback, sizeof(fallback), PN_NETNS_DIR "pn-j%u",
+			 job_id);
+		fd = pn_open_netns(fallback, why, sizeof(why));
+		if (fd < 0) {
+			set_pending("podnet: cannot join the job's network pod: "
+				    "%s; %s", msg, why);
+			return;
+		}
+		close(fd);
+		slurm_error("podnet: %s; using %s", msg, fallback);
+		netns = fallback;
+		snprintf(pod_name, sizeof(pod_name), "pn-j%u", job_id);
+	} else {
+		set_pending("podnet: cannot join the job's network pod: %s",
+			    msg);
+		return;
+	}
+
+	fd = pn_open_netns(netns, why, sizeof(why));
+	if (fd < 0) {
+		set_pending("podnet: cannot join the job's network pod: %s",
+			    why);
+		return;
+	}
+	if (fstat(fd, &st) < 0 || setns(fd, CLONE_NEWNET) < 0) {
+		snprintf(why, sizeof(why), "setns(%s): %s", netns,
+			 strerror(errno));
+		close(fd);
+		set_pending("podnet: cannot join the job's network pod: %s",
+			    why);
+		return;
+	}
+	close(fd);
+	pod_dev = st.st_dev;
+	pod_ino = st.st_ino;
+	joined = 1;
+	slurm_info("podnet: job %u step %u joined pod %s", job_id, step_id,
+		   pod_name);
+}
+
+/* Is the calling thread in the pod's network namespace? */
+static int in_pod(void)
+{
+	struct stat st;
+
+	if (stat("/proc/thread-self/ns/net", &st) < 0)
+		return 0;
+	return st.st_dev == pod_dev && st.st_ino == pod_ino;
+}
+
+/* ---------------------------------------------------------------------- */
+/* SPANK entry points                                                      */
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	if (parse_args(ac, av) < 0)
+		return -1;
+	if (spank_option_register(sp, &podnet_option) != ESPANK_SUCCESS) {
+		slurm_error("podnet: cannot register --podnet");
+		return -1;
+	}
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0, step_id = 0;
+
+	(void) ac;
+	(void) av;
+	switch (spank_context()) {
+	case S_CTX_REMOTE:
+		break;
+	default:
+		return 0;
+	}
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
+		set_pending("podnet: cannot get the job/step id");
+		return 0;
+	}
+	if (step_id == SLURM_EXTERN_CONT)
+		extern_step_up(sp, job_id);
+	else
+		step_join(sp, job_id, step_id);
+	/* Never fail here: a failing batch step drains the node and requeues
+	 * the job, and srun only prints "Plugin initialization failed".
+	 * Errors are reported in task_init_privileged, where the task's
+	 * stderr reaches the user. */
+	if (pending_error[0])
+		slurm_error("%s", pending_error);
+	return 0;
+}
+
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	int task = -1;
+
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE || opt_out)
+		return 0;
+	(void) spank_get_item(sp, S_TASK_ID, &task);
+	if (pending_error[0]) {
+		if (cfg.policy == POLICY_WARN) {
+			if (task == 0)
+				slurm_error("%s (warning: running on the host "
+					    "network)", pending_error);
+			return 0;
+		}
+		slurm_error("%s", pending_error);
+		return -1;
+	}
+	if (joined && !in_pod()) {
+		slurm_error("podnet: task is not in the network pod %s",
+			    pod_name);
+		return cfg.policy == POLICY_WARN ? 0 : -1;
+	}
+	return 0;
+}
+
+static void release(uint32_t job_id)
+{
+	pn_reply_t rep;
+	char msg[600] = "";
+	int rc;
+
+	rc = simple_call("job_down", job_id,
+			 mono_ms() + cfg.timeout_s * 1000LL, &rep, msg,
+			 sizeof(msg));
+	if (rc == PN_CALL_OK && (rep.ok || !strcmp(rep.err_code, "ENOENT")))
+		return;
+	if (rc == PN_CALL_OK)
+		slurm_error("podnet: job_down %u: %s (%s)", job_id,
+			    rep.err_msg, rep.err_code);
+	else
+		slurm_error("podnet: job_down %u: %s", job_id, msg);
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0, step_id = 0;
+
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
+		return 0;
+	if (step_id == SLURM_EXTERN_CONT) {
+		release(job_id);
+		opt_out_clear(job_id);
+	}
+	return 0;
+}
+
+int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0;
+	char *arg = NULL;
+
+	(void) ac;
+	(void) av;
+	/* never fail: a failing prolog drains the node */
+	if (!cfg.allow_opt_out ||
+	    spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || !job_id)
+		return 0;
+	if (spank_option_getopt(sp, &podnet_option, &arg) == ESPANK_SUCCESS &&
+	    arg && !strcmp(arg, "no"))
+		opt_out_mark(job_id);
+	return 0;
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0;
+
+	(void) ac;
+	(void) av;
+	/* never fail: a failing epilog drains the node */
+	if (spank_get_item(sp, S_JOB_ID, &job_id) == ESPANK_SUCCESS && job_id) {
+		release(job_id);
+		opt_out_clear(job_id);
+	}
+	return 0;
+}
