@@ -22,10 +22,10 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   openssh-client libslurm-dev gcc make rsync
 
 .PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
-  lint unit test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
+  lint unit integration test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
 
 help:
-	@echo "make lab | lab-down | lab-status | test | lint | unit | test-agent | test-molecule | bench-agent"
+	@echo "make lab | lab-down | lab-status | test | lint | unit | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
 
 ## --- dependencies -----------------------------------------------------------
 host-deps: $(CACHE_DIR)/host-deps.stamp
@@ -63,8 +63,8 @@ artifacts: deps
 lab-up: deps artifacts
 	$(LAB) up
 
-lab-deploy:
-	ansible-playbook -i $(LAB_INV) $(ROOT)/playbooks/site.yml
+lab-deploy: deps
+	ansible-playbook -i "$$($(LAB) inventory)" $(ROOT)/playbooks/site.yml
 
 lab: lab-up
 	$(MAKE) --no-print-directory lab-deploy
@@ -83,6 +83,17 @@ lint: deps
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
 
+# Modules against a real 3-member TLS etcd started by the tests on loopback.
+integration: deps
+	$(PY) -m pytest -q $(ROOT)/tests/integration
+
+# The lab harness itself: host forwarding guard, the slim CoreDNS against a real
+# etcd, and a throwaway lab (up, ssh, re-up, SIGKILL recovery, clean down).
+test-lab-harness: deps artifacts
+	$(ROOT)/tests/lab/test-host-guard.sh
+	$(ROOT)/tests/lab/test-coredns.sh
+	$(ROOT)/tests/lab/test-lab.sh
+
 test-agent: deps artifacts
 	$(PY) -m pytest -q $(ROOT)/tests/agent
 
@@ -91,7 +102,7 @@ test-molecule: deps artifacts
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
 	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' molecule test -s lab
 
-test: lint unit test-agent test-molecule
+test: lint unit integration test-lab-harness test-agent test-molecule
 
 bench-agent: deps artifacts
 	$(PY) $(ROOT)/tests/bench/bench_agent.py

@@ -74,7 +74,9 @@ def unit_run(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedPr
         str(SPANK_DIR / "podnet_client.c"),
     ]
     subprocess.run(cmd, check=True)
-    return subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run(
+        [str(exe)], capture_output=True, text=True, errors="replace", timeout=120, check=False
+    )
 
 
 def test_c_unit_program_passes(unit_run: subprocess.CompletedProcess[str]) -> None:
