@@ -595,7 +595,7 @@ cmd_summary() {
     printf 'sinfo (%s):\n%s\n' "$login" "$(indent <<<"${out:-unreachable}")"
     out=$(on_node "$login" "
         if [ ! -s /etc/slurm/slurm.conf ]; then echo 'not deployed'; exit 0; fi
-        timeout 40 runuser -u alice -- srun -N2 -t 1 hostname 2>&1 | sort" 2>&1) || true
+        cd /tmp && timeout 40 runuser -u alice -- srun -N2 -t 1 hostname 2>&1 | sort" 2>&1) || true
     printf 'srun -N2 hostname as alice (%s):\n%s\n' "$login" "$(indent <<<"${out:-unreachable}")"
     # Extension point: every tests/lab/summary.d/*.sh adds its own lines
     # (best effort: print "not deployed" rather than fail).
