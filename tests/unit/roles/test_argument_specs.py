@@ -1,0 +1,43 @@
+"""Every role's meta/argument_specs.yml is in sync with its defaults/main.yml.
+
+Same option names, and each default in the spec equals the default in defaults/main.yml
+(compared as YAML values, so quoting and formatting may differ).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROLES = Path(__file__).resolve().parents[3] / "roles"
+ROLE_DIRS = sorted(p for p in ROLES.iterdir() if (p / "tasks").is_dir())
+
+
+def _load(path: Path) -> dict[str, Any]:
+    data = yaml.safe_load(path.read_text()) if path.exists() else None
+    return data or {}
+
+
+@pytest.mark.parametrize("role", ROLE_DIRS, ids=lambda p: p.name)
+def test_argument_specs_match_defaults(role: Path) -> None:
+    defaults = _load(role / "defaults" / "main.yml")
+    specs = _load(role / "meta" / "argument_specs.yml")
+    assert "argument_specs" in specs, f"{role.name}: meta/argument_specs.yml missing"
+    options = specs["argument_specs"]["main"].get("options", {}) or {}
+    assert sorted(options) == sorted(defaults), (
+        f"{role.name}: only in defaults {sorted(set(defaults) - set(options))}, "
+        f"only in argument_specs {sorted(set(options) - set(defaults))}"
+    )
+    for name, spec in options.items():
+        assert spec.get("default") == defaults[name], f"{role.name}: default of {name} differs"
+        assert spec.get("description"), f"{role.name}: {name} has no description"
+
+
+@pytest.mark.parametrize("role", ROLE_DIRS, ids=lambda p: p.name)
+def test_role_variables_are_prefixed(role: Path) -> None:
+    defaults = _load(role / "defaults" / "main.yml")
+    bad = [k for k in defaults if not k.startswith(role.name + "_")]
+    assert not bad, f"{role.name}: defaults without the role prefix: {bad}"
