@@ -19,10 +19,10 @@ LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
   python3-venv nftables bind9-dnsutils zstd containernetworking-plugins iproute2 \
-  openssh-client libslurm-dev gcc make rsync
+  openssh-client libslurm-dev gcc make rsync iputils-ping util-linux
 
 .PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
-  lint unit integration test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
+  lint unit integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -87,6 +87,10 @@ unit: deps
 integration: deps
 	$(PY) -m pytest -q $(ROOT)/tests/integration
 
+# The 3-member etcd proof on its own lab (tests/integration/run-etcd-ha.sh).
+test-etcd-ha: deps
+	$(ROOT)/tests/integration/run-etcd-ha.sh
+
 # The lab harness itself: host forwarding guard, the slim CoreDNS against a real
 # etcd, and a throwaway lab (up, ssh, re-up, SIGKILL recovery, clean down).
 test-lab-harness: deps artifacts
@@ -102,7 +106,7 @@ test-molecule: deps artifacts
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
 	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' molecule test -s lab
 
-test: lint unit integration test-lab-harness test-agent test-molecule
+test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 
 bench-agent: deps artifacts
 	$(PY) $(ROOT)/tests/bench/bench_agent.py
