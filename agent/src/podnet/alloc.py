@@ -1,0 +1,328 @@
+"""Allocation in etcd: user VNIs, node address blocks, job and login IPs, DNS records.
+
+Every allocation is one etcd transaction guarded by `create_revision == 0` on the keys it
+creates (`ips/<ip>`, `blocks/<cidr>`, `users/<u>`, `vnis/<v>`, `jobs/<id>`), so two
+agents can never hand out the same IP, block or VNI: the loser's transaction fails and it
+retries with a fresher view (or, for a job, reads what the winner wrote).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from podnet import store
+from podnet.ipam import Ipam, PoolExhausted
+from podnet.names import Keys, job_label, ptr_key, zone_path
+from podnet.store import Etcd, cmp_absent, op_delete, op_get, op_put
+
+log = logging.getLogger("podnet.alloc")
+
+RECORD_TTL = 30
+MAX_ATTEMPTS = 20
+
+
+class AllocError(RuntimeError):
+    pass
+
+
+@dataclass
+class Job:
+    job_id: int
+    user: str
+    uid: int
+    name: str
+    label: str
+    nodes: list[str]
+    ips: list[str]
+    vni: int
+    revision: int = 0
+    created: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "user": self.user,
+            "uid": self.uid,
+            "name": self.name,
+            "label": self.label,
+            "nodes": self.nodes,
+            "ips": self.ips,
+            "vni": self.vni,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any], revision: int = 0) -> Job:
+        return cls(
+            job_id=int(d["job_id"]),
+            user=str(d["user"]),
+            uid=int(d["uid"]),
+            name=str(d.get("name", "")),
+            label=str(d["label"]),
+            nodes=[str(n) for n in d["nodes"]],
+            ips=[str(i) for i in d["ips"]],
+            vni=int(d["vni"]),
+            revision=revision,
+            created=float(d.get("created", 0)),
+        )
+
+
+@dataclass
+class Allocator:
+    etcd: Etcd
+    keys: Keys
+    ipam: Ipam
+    zone: str
+    vni_min: int
+    vni_max: int
+    node_ips: dict[str, str] = field(default_factory=dict)
+
+    # -- users -------------------------------------------------------------------------
+    def user_vni(self, user: str, uid: int) -> int:
+        """The user's VNI, allocated once for ever (create-if-absent)."""
+        for _ in range(MAX_ATTEMPTS):
+            kv = self.etcd.get(self.keys.user(user))
+            if kv:
+                return int(kv.json()["vni"])
+            span = self.vni_max - self.vni_min + 1
+            # start from a hash of the name so that users rarely race for the same VNI
+            start = self.vni_min + (sum(user.encode()) * 2654435761 + uid) % span
+            taken = {
+                int(k.key.rsplit("/", 1)[-1])
+                for k in self.etcd.get_prefix(self.keys.prefix("vnis"), keys_only=True)[0]
+            }
+            if len(taken) >= span:
+                raise AllocError("no free VNI left in the configured range")
+            vni = start
+            while vni in taken:
+                vni = self.vni_min + (vni - self.vni_min + 1) % span
+            r = self.etcd.txn(
+                [cmp_absent(self.keys.user(user)), cmp_absent(self.keys.vni(vni))],
+                [
+                    op_put(self.keys.user(user), {"vni": vni, "uid": uid}),
+                    op_put(self.keys.vni(vni), {"user": user}),
+                ],
+            )
+            if r.succeeded:
+                log.info("user %s: VNI %d", user, vni)
+                return vni
+        raise AllocError(f"could not allocate a VNI for {user} (contention)")
+
+    # -- views -------------------------------------------------------------------------
+    def load_view(self) -> int:
+        """(Re)load blocks and used IPs into the IPAM view; returns the etcd revision."""
+        blocks, rev = self.etcd.get_prefix(self.keys.prefix("blocks"))
+        ips, rev2 = self.etcd.get_prefix(self.keys.prefix("ips"), keys_only=True)
+        with self.ipam.lock:
+            self.ipam.used.clear()
+            self.ipam.blocks.clear()
+            self.ipam.node_blocks.clear()
+        for kv in blocks:
+            self.ipam.set_block(
+                ipaddress.IPv4Network(_block_of_key(kv.key)), str(kv.json().get("node"))
+            )
+        self.ipam.mark(k.key.rsplit("/", 1)[-1] for k in ips)
+        return max(rev, rev2)
+
+    # -- jobs --------------------------------------------------------------------------
+    def get_job(self, job_id: int) -> Job | None:
+        kv = self.etcd.get(self.keys.job(job_id))
+        return Job.from_json(kv.json(), kv.mod_revision) if kv else None
+
+    def allocate_job(
+        self, job_id: int, user: str, uid: int, name: str, nodes: list[str], vni: int
+    ) -> Job:
+        """All IPs + DNS records of a job in one transaction; idempotent.
+
+        Each node's IP comes from that node's address blocks (a new block is claimed in
+        the same transaction when a node has no free address), so hosts route a node's
+        pods through that node.
+        """
+        for attempt in range(MAX_ATTEMPTS):
+            existing = self.get_job(job_id)
+            if existing:
+                if existing.user != user or existing.nodes != nodes:
+                    raise AllocError(f"job {job_id} already exists for another user or node list")
+                return existing
+            job = Job(
+                job_id, user, uid, name, job_label(name), list(nodes), [], vni, created=time.time()
+            )
+            compare = [cmp_absent(self.keys.job(job_id))]
+            ops: list[dict[str, Any]] = []
+            new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
+            try:
+                for node in nodes:
+                    ip = self.ipam.candidate(node)
+                    if ip is None:
+                        blk = self._claim_block(node, new_blocks)
+                        ip = self.ipam.candidate(node)
+                        if ip is None:
+                            raise AllocError(f"no address in new block {blk}")
+                    job.ips.append(ip)
+            except PoolExhausted:
+                self._release(job.ips, new_blocks)
+                raise AllocError("the pod network has no free address block") from None
+            for blk, node in new_blocks:
+                compare.append(cmp_absent(self.keys.block(str(blk))))
+                ops.append(op_put(self.keys.block(str(blk)), {"node": node}))
+            for i, (node, ip) in enumerate(zip(nodes, job.ips, strict=True)):
+                compare.append(cmp_absent(self.keys.ip(ip)))
+                ops.append(
+                    op_put(
+                        self.keys.ip(ip),
+                        {"kind": "job", "job_id": job_id, "node": node, "user": user, "index": i},
+                    )
+                )
+            ops.append(op_put(self.keys.job(job_id), job.to_json()))
+            ops += self.job_dns_ops(job)
+            ops.append(op_put(self.keys.name(user, job.label), {"job_id": job_id}))
+            try:
+                r = self.etcd.txn(compare, ops, [op_get(self.keys.job(job_id))])
+            except store.EtcdRequestError:
+                self._release(job.ips, new_blocks)
+                raise
+            if r.succeeded:
+                self.ipam.mark(job.ips)
+                self.ipam.release_pending(job.ips)
+                job.revision = r.revision
+                return job
+            self._release(job.ips, new_blocks)
+            got = r.range_kvs(0)
+            if got:
+                continue  # another node allocated the job: read it on the next loop
+            # lost a race on an IP or a block: refresh the view and retry
+            self.load_view()
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def _claim_block(
+        self, node: str, new_blocks: list[tuple[ipaddress.IPv4Network, str]]
+    ) -> ipaddress.IPv4Network:
+        blk = self.ipam.free_blocks(node, 1)[0]
+        self.ipam.set_block(blk, node)
+        new_blocks.append((blk, node))
+        return blk
+
+    def _release(self, ips: list[str], new_blocks: list[tuple[ipaddress.IPv4Network, str]]) -> None:
+        self.ipam.release_pending(ips)
+        for blk, _node in new_blocks:
+            self.ipam.set_block(blk, None)
+
+    def job_dns_ops(self, job: Job) -> list[dict[str, Any]]:
+        base = zone_path(self.zone) + f"/{job.user}"
+        ops = []
+        for i, ip in enumerate(job.ips):
+            rec = {"host": ip, "ttl": RECORD_TTL}
+            ops.append(op_put(f"{base}/{job.label}/pod{i}", rec))
+            ops.append(op_put(f"{base}/{job.job_id}/pod{i}", rec))
+            ops.append(
+                op_put(
+                    ptr_key(ip),
+                    {"host": f"pod{i}.{job.job_id}.{job.user}.{self.zone}", "ttl": RECORD_TTL},
+                )
+            )
+        return ops
+
+    def release_job(self, job: Job) -> None:
+        """Delete a job, its IPs and its DNS records (the name only if still ours)."""
+        base = zone_path(self.zone) + f"/{job.user}"
+        ops = [op_delete(self.keys.job(job.job_id))]
+        for ip in job.ips:
+            ops.append(op_delete(self.keys.ip(ip)))
+            ops.append(op_delete(ptr_key(ip)))
+        ops.append(op_delete(f"{base}/{job.job_id}/", prefix=True))
+        self.etcd.put_many(ops)
+        # the job-name records belong to the newest live job with that name
+        name_key = self.keys.name(job.user, job.label)
+        self.etcd.txn(
+            [
+                {
+                    "key": store.b64(name_key),
+                    "target": "VALUE",
+                    "result": "EQUAL",
+                    "value": store.b64(store.json_dumps({"job_id": job.job_id})),
+                }
+            ],
+            [op_delete(name_key), op_delete(f"{base}/{job.label}/", prefix=True)],
+        )
+        self.ipam.mark(job.ips, used=False)
+
+    # -- logins ------------------------------------------------------------------------
+    def allocate_login(self, node: str, user: str, uid: int, lease: int) -> str:
+        """The login IP of `user` on `node` (on `lease`); idempotent."""
+        key = self.keys.login(node, user)
+        for attempt in range(MAX_ATTEMPTS):
+            kv = self.etcd.get(key)
+            if kv:
+                return str(kv.json()["ip"])
+            new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
+            try:
+                ip = self.ipam.candidate(node)
+                if ip is None:
+                    self._claim_block(node, new_blocks)
+                    ip = self.ipam.candidate(node)
+            except PoolExhausted:
+                self._release([], new_blocks)
+                raise AllocError("the pod network has no free address block") from None
+            if ip is None:
+                raise AllocError("no free address")
+            compare = [cmp_absent(key), cmp_absent(self.keys.ip(ip))]
+            ops = []
+            for blk, n in new_blocks:
+                compare.append(cmp_absent(self.keys.block(str(blk))))
+                ops.append(op_put(self.keys.block(str(blk)), {"node": n}))
+            ops += [
+                op_put(key, {"ip": ip, "uid": uid}, lease),
+                op_put(self.keys.ip(ip), {"kind": "login", "node": node, "user": user}, lease),
+                op_put(
+                    f"{zone_path(self.zone)}/{user}/login/{_label(node)}",
+                    {"host": ip, "ttl": RECORD_TTL},
+                    lease,
+                ),
+                op_put(
+                    ptr_key(ip),
+                    {"host": f"{_label(node)}.login.{user}.{self.zone}", "ttl": RECORD_TTL},
+                    lease,
+                ),
+            ]
+            r = self.etcd.txn(compare, ops)
+            if r.succeeded:
+                self.ipam.mark([ip])
+                self.ipam.release_pending([ip])
+                return ip
+            self._release([ip], new_blocks)
+            self.load_view()
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not allocate a login address for {user} (contention)")
+
+    def release_login(self, node: str, user: str) -> None:
+        key = self.keys.login(node, user)
+        kv = self.etcd.get(key)
+        if not kv:
+            return
+        ip = str(kv.json()["ip"])
+        self.etcd.put_many(
+            [
+                op_delete(key),
+                op_delete(self.keys.ip(ip)),
+                op_delete(ptr_key(ip)),
+                op_delete(f"{zone_path(self.zone)}/{user}/login/{_label(node)}"),
+            ]
+        )
+        self.ipam.mark([ip], used=False)
+
+
+def _label(node: str) -> str:
+    from podnet.names import dns_label
+
+    return dns_label(node, "node")
+
+
+def _block_of_key(key: str) -> str:
+    last = key.rsplit("/", 1)[-1]
+    net, _, plen = last.rpartition("-")
+    return f"{net}/{plen}"

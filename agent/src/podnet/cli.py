@@ -1,0 +1,142 @@
+"""`podnet`: pods, status and health of this node's podnet."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from podnet.client import DEFAULT_SOCKET, ApiError, call
+from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
+
+
+def _print(data: Any, as_json: bool, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
+
+
+def cmd_pods(args: argparse.Namespace) -> int:
+    pods = call("pods", args.socket)["pods"]
+    lines = [f"{'KIND':6} {'NAME':14} {'IP':16} {'USER':10} {'JOB':>8}  NAMES"]
+    for p in sorted(pods, key=lambda p: p["name"]):
+        lines.append(
+            f"{p['kind']:6} {p['name']:14} {p['ip']:16} {p['user']:10} "
+            f"{p.get('job_id') or '-':>8}  {' '.join(p.get('names', []))}"
+        )
+    _print(pods, args.json, "\n".join(lines))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    st = call("status", args.socket)
+    st.pop("v", None)
+    st.pop("ok", None)
+    etcd = st["etcd"]
+    text = (
+        f"node {st['node']} (cluster {st['cluster']}), podnetd {st['version']}\n"
+        f"etcd: {'ok, version ' + str(etcd.get('version')) if etcd.get('ok') else etcd.get('error')}\n"
+        f"pods: {st['pods']}, users: {st['users']}"
+    )
+    _print(st, args.json, text)
+    return 0 if etcd.get("ok") else 1
+
+
+def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
+    return {"check": name, "ok": ok, "detail": detail}
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    checks: list[dict[str, Any]] = []
+    try:
+        cfg = NodeConfig.load(args.config)
+        checks.append(_check("config", True, args.config))
+        sock = cfg.socket if args.socket == DEFAULT_SOCKET else args.socket
+    except ConfigError as e:
+        checks.append(_check("config", False, str(e)))
+        cfg, sock = None, args.socket
+    for mod in ("veth", "bridge", "vxlan"):
+        present = Path(f"/sys/module/{mod}").exists() or _builtin(mod)
+        checks.append(
+            _check(
+                f"kernel:{mod}", present, "loaded or built in" if present else "module not loaded"
+            )
+        )
+    try:
+        st = call("status", sock, timeout=10)
+        checks.append(_check("socket", True, sock))
+        etcd = st["etcd"]
+        checks.append(
+            _check("etcd", bool(etcd.get("ok")), str(etcd.get("version") or etcd.get("error")))
+        )
+    except (OSError, ApiError, ValueError) as e:
+        checks.append(_check("socket", False, f"{sock}: {e}"))
+    if cfg is not None and os.geteuid() == 0:
+        checks += _fdb_drift(cfg)
+    ok = all(c["ok"] for c in checks)
+    text = "\n".join(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['detail']}" for c in checks)
+    _print({"ok": ok, "checks": checks}, args.json, text)
+    return 0 if ok else 1
+
+
+def _builtin(mod: str) -> bool:
+    try:
+        release = os.uname().release
+        return f"/{mod}.ko" in Path(f"/lib/modules/{release}/modules.builtin").read_text()
+    except OSError:
+        return False
+
+
+def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
+    """FDB of each local user VXLAN versus the user's VTEPs in etcd."""
+    from podnet import nl
+    from podnet.names import Keys
+    from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
+
+    out = []
+    keys = Keys(cfg.cluster)
+    try:
+        etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+        with nl.Netlink() as sock:
+            for name, info in nl.links(sock).items():
+                if info["kind"] != "vxlan" or not name.startswith("pnvx"):
+                    continue
+                vni = int(info["vni"])
+                kvs, _ = etcd.get_prefix(keys.prefix(f"vteps/{vni}"))
+                want = {str(kv.json()["ip"]) for kv in kvs} - {cfg.underlay_ip}
+                have = nl.fdb_dsts(sock, int(info["index"]))
+                ok = want == have
+                detail = (
+                    "in sync"
+                    if ok
+                    else f"missing {sorted(want - have)}, extra {sorted(have - want)}"
+                )
+                out.append(_check(f"fdb:{name}", ok, detail))
+    except (EtcdUnavailable, EtcdRequestError, OSError) as e:
+        out.append(_check("fdb", False, str(e)))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="podnet", description="podnet on this node")
+    ap.add_argument("--socket", default=DEFAULT_SOCKET)
+    ap.add_argument("--config", default=DEFAULT_CONFIG)
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("pods", help="my pods (root: all pods of this node)")
+    sub.add_parser("status", help="node, etcd, counts")
+    sub.add_parser("doctor", help="health checks (etcd, kernel, socket, FDB drift)")
+    args = ap.parse_args(argv)
+    try:
+        return {"pods": cmd_pods, "status": cmd_status, "doctor": cmd_doctor}[args.cmd](args)
+    except ApiError as e:
+        print(f"podnet: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"podnet: cannot reach podnetd at {args.socket}: {e.strerror or e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""podnetd: the node agent's entry point (systemd service `podnetd`)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+
+from podnet import __version__
+from podnet.agent import Agent
+from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
+from podnet.metrics import start_metrics
+from podnet.server import Handler, Server
+from podnet.store import EtcdRequestError, EtcdUnavailable
+
+log = logging.getLogger("podnetd")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="podnetd", description="podnet node agent")
+    ap.add_argument("-c", "--config", default=DEFAULT_CONFIG, help="node configuration file")
+    ap.add_argument(
+        "--check-config", action="store_true", help="validate the configuration file and exit"
+    )
+    ap.add_argument("--version", action="version", version=f"podnetd {__version__}")
+    args = ap.parse_args(argv)
+    try:
+        cfg = NodeConfig.load(args.config)
+    except ConfigError as e:
+        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        return 2
+    if args.check_config:
+        print(f"podnetd: {args.config}: ok")
+        return 0
+    logging.basicConfig(
+        level=getattr(logging, cfg.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
+    )
+    agent = Agent(cfg)
+    try:
+        agent.start()
+    except ConfigError as e:
+        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        return 2
+    except (EtcdUnavailable, EtcdRequestError) as e:
+        print(f"podnetd: etcd unavailable at start: {e}", file=sys.stderr)
+        return 3
+    server = Server(Handler(agent), cfg.socket, cfg.read_timeout, cfg.max_connections)
+    server.bind()
+    if cfg.metrics:
+        start_metrics(cfg.metrics, agent)
+    done = threading.Event()
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        del frame
+        log.info("signal %d: stopping (pods stay up)", signum)
+        done.set()
+        server.close()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    log.info("podnetd %s on %s: listening on %s", __version__, cfg.node, cfg.socket)
+    _notify_ready()
+    t = threading.Thread(target=server.serve_forever, name="server", daemon=True)
+    t.start()
+    done.wait()
+    agent.shutdown()
+    return 0
+
+
+def _notify_ready() -> None:
+    """sd_notify READY=1 without libsystemd (Type=notify units)."""
+    import os
+    import socket
+
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return
+    if addr.startswith("@"):
+        addr = "\0" + addr[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+        s.sendto(b"READY=1", addr)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

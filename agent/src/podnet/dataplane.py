@@ -1,0 +1,300 @@
+"""Kernel side of pods: per-user bridge + VXLAN, pod netns + veth, routes, FDB.
+
+Everything goes through one rtnetlink socket in the daemon's netns (`nl.Netlink`) and,
+per pod, one socket opened inside the new netns by a worker thread (no fork). A pod:
+
+* netns file `<netns_dir>/<name>`; `lo` up; `eth0` (veth peer, MAC derived from the IP)
+  with `<ip>/<pod prefix>`, MTU underlay - 50, default route via the anycast gateway
+  (`gateway_ip`, on every user bridge of every node, MAC `GATEWAY_MAC`).
+* host end `pnv<12 hex>` in the user's bridge `pnbr<vni>`, a /32 route to the pod on
+  that bridge (hosts reach the pod without NAT).
+
+Teardown removes the netns file; the kernel reaps the veth. The bridge and VXLAN of a
+user are removed with the user's last pod on the node.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from podnet import netns, nl
+from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
+
+log = logging.getLogger("podnet.dataplane")
+
+
+class DataplaneError(RuntimeError):
+    pass
+
+
+@dataclass
+class PodSpec:
+    name: str  # netns name
+    ip: str
+    prefix: int
+    vni: int
+    mtu: int
+    gateway_ip: str
+
+
+class Dataplane:
+    def __init__(
+        self,
+        netns_dir: str,
+        resolv_dir: str,
+        underlay_interface: str,
+        underlay_ip: str,
+        vxlan_port: int,
+        underlay_mtu: int,
+    ) -> None:
+        self.netns_dir = Path(netns_dir)
+        self.resolv_dir = Path(resolv_dir)
+        self.underlay_ip = underlay_ip
+        self.vxlan_port = vxlan_port
+        self.underlay_mtu = underlay_mtu
+        self.host = netns.HostNetns()
+        self._tls = threading.local()
+        self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
+        netns.make_shared_dir(self.netns_dir)
+        links = nl.links(self.nl())
+        if underlay_interface not in links:
+            raise DataplaneError(f"underlay interface {underlay_interface} not found")
+        self.underlay_index = int(links[underlay_interface]["index"])
+
+    def nl(self) -> nl.Netlink:
+        """This thread's rtnetlink socket in the daemon's netns (sockets are not shared)."""
+        sock: nl.Netlink | None = getattr(self._tls, "nl", None)
+        if sock is None:
+            sock = nl.Netlink()
+            self._tls.nl = sock
+        return sock
+
+    # -- users -------------------------------------------------------------------------
+    def ensure_user(self, vni: int, gateway_ip: str, vteps: list[str]) -> int:
+        """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex.
+
+        The FDB of the VXLAN is set to exactly `vteps` (remote underlay IPs).
+        """
+        br, vx = bridge_name(vni), vxlan_name(vni)
+        with self.lock:
+            links = nl.links(self.nl())
+            if br not in links:
+                self.nl().batch([nl.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50)])
+                links = nl.links(self.nl())
+            bri = int(links[br]["index"])
+            self.nl().batch([nl.addr(bri, gateway_ip, 32), nl.link_up(bri)])
+            if vx not in links:
+                self.nl().batch(
+                    [
+                        nl.vxlan(
+                            vx,
+                            vni,
+                            self.underlay_ip,
+                            self.underlay_index,
+                            self.vxlan_port,
+                            self.underlay_mtu - 50,
+                            bri,
+                        )
+                    ]
+                )
+                links = nl.links(self.nl())
+            self._set_fdb(int(links[vx]["index"]), vteps)
+        return bri
+
+    def set_vteps(self, vni: int, vteps: list[str]) -> bool:
+        """Make the user's FDB exactly `vteps`; False if the user has no VXLAN here."""
+        with self.lock:
+            links = nl.links(self.nl())
+            vx = links.get(vxlan_name(vni))
+            if not vx:
+                return False
+            self._set_fdb(int(vx["index"]), vteps)
+            return True
+
+    def _set_fdb(self, index: int, vteps: list[str]) -> None:
+        want = {v for v in vteps if v != self.underlay_ip}
+        have = nl.fdb_dsts(self.nl(), index)
+        reqs = [nl.fdb_flood(index, v) for v in sorted(want - have)]
+        reqs += [nl.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+
+    def remove_user(self, vni: int) -> None:
+        with self.lock:
+            links = nl.links(self.nl())
+            reqs = [
+                nl.del_link(int(links[n]["index"]), n)
+                for n in (vxlan_name(vni), bridge_name(vni))
+                if n in links
+            ]
+            if reqs:
+                self.nl().batch(reqs)
+
+    def user_ports(self) -> dict[int, int]:
+        """vni -> number of pod ports in that user's bridge."""
+        links = nl.links(self.nl())
+        by_index = {int(v["index"]): k for k, v in links.items()}
+        out: dict[int, int] = {}
+        for name, info in links.items():
+            if name.startswith("pnbr") and name[4:].isdigit():
+                out.setdefault(int(name[4:]), 0)
+        for name, info in links.items():
+            master = by_index.get(int(info["master"] or 0), "")
+            if is_veth_name(name) and master.startswith("pnbr") and master[4:].isdigit():
+                out[int(master[4:])] = out.get(int(master[4:]), 0) + 1
+        return out
+
+    # -- pods --------------------------------------------------------------------------
+    def netns_path(self, name: str) -> Path:
+        return self.netns_dir / name
+
+    def create_pod(
+        self, spec: PodSpec, bridge_index: int, search: list[str], dns_servers: list[str]
+    ) -> str:
+        """Create the pod; returns the host-side veth name. Raises if it exists already."""
+        path = self.netns_path(spec.name)
+        veth = new_veth_name()
+        mac = nl.mac_for_ip(spec.ip)
+
+        def inside() -> nl.Netlink:
+            sock = nl.Netlink()
+            try:
+                netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
+            except OSError:
+                pass
+            return sock
+
+        pod_nl = self.host.create(path, inside)
+        try:
+            fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.nl().batch([nl.veth(veth, "eth0", fd, spec.mtu, bridge_index, mac)])
+            finally:
+                os.close(fd)
+            plinks = nl.links(pod_nl)
+            eth0 = int(plinks["eth0"]["index"])
+            lo = int(plinks["lo"]["index"])
+            pod_nl.batch(
+                [
+                    nl.link_up(lo),
+                    nl.addr(eth0, spec.ip, spec.prefix),
+                    nl.link_up(eth0),
+                    nl.neigh(eth0, spec.gateway_ip, GATEWAY_MAC),
+                    nl.route(spec.gateway_ip, 32, oif=eth0, scope=nl.RT_SCOPE_LINK),
+                    nl.route("0.0.0.0", 0, gateway=spec.gateway_ip, oif=eth0),
+                ]
+            )
+            self.nl().batch(
+                [nl.route(spec.ip, 32, oif=bridge_index, scope=nl.RT_SCOPE_LINK, replace=True)]
+            )
+            self.write_resolv(spec.name, search, dns_servers)
+        except BaseException:
+            pod_nl.close()
+            self.remove_pod(spec.name, spec.ip)
+            raise
+        pod_nl.close()
+        return veth
+
+    def write_resolv(self, name: str, search: list[str], servers: list[str]) -> None:
+        d = self.resolv_dir / name
+        d.mkdir(parents=True, exist_ok=True)
+        lines = ["# podnet: pod " + name]
+        if search:
+            lines.append("search " + " ".join(search))
+        lines += [f"nameserver {s}" for s in servers]
+        lines.append("options ndots:2 timeout:2 attempts:2")
+        tmp = d / "resolv.conf.tmp"
+        tmp.write_text("\n".join(lines) + "\n")
+        tmp.chmod(0o644)
+        tmp.replace(d / "resolv.conf")
+
+    def remove_pod(self, name: str, ip: str | None) -> bool:
+        """Remove a pod's netns (the kernel reaps its veth), route and resolv.conf."""
+        existed = netns.remove(self.netns_path(name))
+        if ip:
+            try:
+                self.nl().batch([nl.route(ip, 32, delete=True)])
+            except nl.NetlinkError as e:
+                if e.errno not in (errno.ESRCH, errno.ENOENT):
+                    raise
+        d = self.resolv_dir / name
+        for f in (d / "resolv.conf", d / "resolv.conf.tmp"):
+            f.unlink(missing_ok=True)
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+        return existed
+
+    def pod_exists(self, name: str) -> bool:
+        return netns.is_netns(self.netns_path(name))
+
+    def pod_netns_names(self) -> list[str]:
+        if not self.netns_dir.is_dir():
+            return []
+        return sorted(
+            p.name
+            for p in self.netns_dir.iterdir()
+            if p.name.startswith("pn-") and netns.is_netns(p)
+        )
+
+    def pod_veth(self, name: str) -> str | None:
+        """Host-side veth of a pod (the link whose peer lives in the pod's netns)."""
+        path = self.netns_path(name)
+        try:
+            pod_nl = self.host.run_in(path, nl.Netlink)
+        except OSError:
+            return None
+        try:
+            eth0 = nl.links(pod_nl).get("eth0")
+        finally:
+            pod_nl.close()
+        if not eth0:
+            return None
+        peer = eth0.get("link")
+        for lname, info in nl.links(self.nl()).items():
+            if is_veth_name(lname) and peer and int(info["index"]) == int(peer):
+                return lname
+        return None
+
+    # -- routes to other nodes' address blocks ----------------------------------------
+    def set_block_routes(self, routes: dict[str, str], local_blocks: set[str]) -> None:
+        """Routes `block -> node underlay IP` for other nodes' blocks (exactly these)."""
+        have = {
+            (f"{d}/{plen}"): gw
+            for d, plen, _oif, gw, _t in nl.podnet_routes(self.nl())
+            if plen < 32 and gw
+        }
+        want = {
+            b: gw for b, gw in routes.items() if b not in local_blocks and gw != self.underlay_ip
+        }
+        reqs = []
+        for b, gw in want.items():
+            if have.get(b) != gw:
+                net = ipaddress.IPv4Network(b)
+                reqs.append(
+                    nl.route(
+                        str(net.network_address),
+                        net.prefixlen,
+                        gateway=gw,
+                        oif=self.underlay_index,
+                        replace=True,
+                    )
+                )
+        for b in have:
+            if b not in want:
+                net = ipaddress.IPv4Network(b)
+                reqs.append(nl.route(str(net.network_address), net.prefixlen, delete=True))
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+
+    def close(self) -> None:
+        sock: nl.Netlink | None = getattr(self._tls, "nl", None)
+        if sock is not None:
+            sock.close()

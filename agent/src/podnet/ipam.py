@@ -1,0 +1,114 @@
+"""Address management: per-node blocks of the pod CIDR, and an in-memory view of used IPs.
+
+The view is fed by etcd (initial list + watch) and by the agent's own writes. It only
+proposes candidates; etcd's `create_revision == 0` guard on `ips/<ip>` decides, so a
+stale view costs a retry, never a double allocation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import threading
+from collections.abc import Iterable
+
+
+class PoolExhausted(Exception):
+    pass
+
+
+class Ipam:
+    def __init__(self, pod_cidr: ipaddress.IPv4Network, block_prefix: int) -> None:
+        self.cidr = pod_cidr
+        self.block_prefix = block_prefix
+        self.lock = threading.Lock()
+        self.used: set[int] = set()
+        self.pending: set[int] = set()
+        self.blocks: dict[ipaddress.IPv4Network, str] = {}
+        self.node_blocks: dict[str, list[ipaddress.IPv4Network]] = {}
+        self._cursor: dict[ipaddress.IPv4Network, int] = {}
+        self._reserved = {int(pod_cidr.network_address), int(pod_cidr.broadcast_address)}
+        self.n_blocks = 1 << (block_prefix - pod_cidr.prefixlen)
+
+    # -- blocks ------------------------------------------------------------------------
+    def block_of(self, ip: str) -> ipaddress.IPv4Network:
+        return ipaddress.IPv4Network(f"{ip}/{self.block_prefix}", strict=False)
+
+    def set_block(self, block: ipaddress.IPv4Network, node: str | None) -> None:
+        with self.lock:
+            old = self.blocks.pop(block, None)
+            if old is not None and block in self.node_blocks.get(old, []):
+                self.node_blocks[old].remove(block)
+            if node is not None:
+                self.blocks[block] = node
+                self.node_blocks.setdefault(node, []).append(block)
+                self.node_blocks[node].sort()
+
+    def blocks_of(self, node: str) -> list[ipaddress.IPv4Network]:
+        with self.lock:
+            return list(self.node_blocks.get(node, []))
+
+    def free_blocks(self, node: str, count: int) -> list[ipaddress.IPv4Network]:
+        """`count` unowned blocks, searched from a per-node starting point (less contention)."""
+        start = int.from_bytes(hashlib.sha256(node.encode()).digest()[:4], "big") % self.n_blocks
+        out: list[ipaddress.IPv4Network] = []
+        base = int(self.cidr.network_address)
+        size = 1 << (32 - self.block_prefix)
+        with self.lock:
+            for i in range(self.n_blocks):
+                k = (start + i) % self.n_blocks
+                b = ipaddress.IPv4Network((base + k * size, self.block_prefix))
+                if b not in self.blocks:
+                    out.append(b)
+                    if len(out) == count:
+                        break
+        if not out:
+            raise PoolExhausted(f"no free address block of /{self.block_prefix} in {self.cidr}")
+        return out
+
+    # -- addresses ---------------------------------------------------------------------
+    def mark(self, ips: Iterable[str], used: bool = True) -> None:
+        with self.lock:
+            for ip in ips:
+                n = int(ipaddress.IPv4Address(ip))
+                if used:
+                    self.used.add(n)
+                else:
+                    self.used.discard(n)
+
+    def is_used(self, ip: str) -> bool:
+        with self.lock:
+            return int(ipaddress.IPv4Address(ip)) in self.used
+
+    def candidate(self, node: str) -> str | None:
+        """A free address from one of `node`'s blocks, reserved locally until released."""
+        with self.lock:
+            for b in self.node_blocks.get(node, []):
+                first = int(b.network_address)
+                size = b.num_addresses
+                cur = self._cursor.get(b, 0)
+                for i in range(size):
+                    n = first + (cur + i) % size
+                    if n in self.used or n in self.pending or n in self._reserved:
+                        continue
+                    self._cursor[b] = (cur + i + 1) % size
+                    self.pending.add(n)
+                    return str(ipaddress.IPv4Address(n))
+        return None
+
+    def release_pending(self, ips: Iterable[str]) -> None:
+        with self.lock:
+            for ip in ips:
+                self.pending.discard(int(ipaddress.IPv4Address(ip)))
+
+    def free_in_node(self, node: str) -> int:
+        with self.lock:
+            total = 0
+            for b in self.node_blocks.get(node, []):
+                first = int(b.network_address)
+                total += sum(
+                    1
+                    for n in range(first, first + b.num_addresses)
+                    if n not in self.used and n not in self.pending and n not in self._reserved
+                )
+            return total

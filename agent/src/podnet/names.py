@@ -1,0 +1,134 @@
+"""Names: DNS-safe labels, netns and link names, etcd and SkyDNS keys."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+
+_LABEL_BAD = re.compile(r"[^a-z0-9-]+")
+_DASHES = re.compile(r"-{2,}")
+_LABEL_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+#: labels the job-name rule must never produce (they name other things in the zone)
+RESERVED_LABELS = frozenset({"login"})
+GATEWAY_MAC = "02:50:6e:00:00:01"
+
+
+def dns_label(text: str, fallback: str = "job") -> str:
+    """A DNS label from arbitrary text: lower case, [a-z0-9-], no edge dashes, <= 63.
+
+    Empty results become `fallback`.
+    """
+    s = text.lower()
+    s = _LABEL_BAD.sub("-", s)
+    s = _DASHES.sub("-", s).strip("-")
+    s = s[:63].rstrip("-")
+    return s or fallback
+
+
+def job_label(name: str) -> str:
+    """The DNS label of a job name.
+
+    Rules (docs/agent.md): `dns_label`, then a result that would collide with other
+    names of the user's subdomain gets a `job-` prefix: `login` (login pods live at
+    `<node>.login.<user>`) and all-digit names (the job-id names `pod<n>.<jobid>.<user>`).
+    """
+    s = dns_label(name)
+    if s in RESERVED_LABELS or s.isdigit():
+        s = dns_label("job-" + s)
+    return s
+
+
+def is_label(s: str) -> bool:
+    return bool(_LABEL_OK.match(s))
+
+
+def job_netns(job_id: int) -> str:
+    return f"pn-j{job_id}"
+
+
+def login_netns(uid: int) -> str:
+    return f"pn-l{uid}"
+
+
+def bridge_name(vni: int) -> str:
+    return f"pnbr{vni}"
+
+
+def vxlan_name(vni: int) -> str:
+    return f"pnvx{vni}"
+
+
+def new_veth_name() -> str:
+    """`pnv` + 12 hex digits: unique, so a name the kernel still reaps is never reused."""
+    return "pnv" + os.urandom(6).hex()
+
+
+def is_veth_name(name: str) -> bool:
+    return (
+        len(name) == 15
+        and name.startswith("pnv")
+        and all(c in "0123456789abcdef" for c in name[3:])
+    )
+
+
+def zone_path(zone: str) -> str:
+    """SkyDNS path of a zone: `lab` -> `/skydns/lab`, `a.b.c` -> `/skydns/c/b/a`."""
+    labels = [x for x in zone.strip(".").split(".") if x]
+    return "/skydns/" + "/".join(reversed(labels))
+
+
+def ptr_key(ip: str) -> str:
+    a, b, c, d = ipaddress.IPv4Address(ip).packed
+    return f"/skydns/arpa/in-addr/{a}/{b}/{c}/{d}"
+
+
+class Keys:
+    """etcd keys of one cluster (docs/architecture.md, "etcd layout")."""
+
+    def __init__(self, cluster: str) -> None:
+        self.root = f"/podnet/{cluster}/"
+
+    @property
+    def config(self) -> str:
+        return self.root + "config"
+
+    def node(self, node: str) -> str:
+        return f"{self.root}nodes/{node}"
+
+    def alive(self, node: str) -> str:
+        return f"{self.root}alive/{node}"
+
+    def block(self, cidr: str) -> str:
+        return f"{self.root}blocks/{cidr.replace('/', '-')}"
+
+    def user(self, user: str) -> str:
+        return f"{self.root}users/{user}"
+
+    def vni(self, vni: int) -> str:
+        return f"{self.root}vnis/{vni}"
+
+    def ip(self, ip: str) -> str:
+        return f"{self.root}ips/{ip}"
+
+    def job(self, job_id: int) -> str:
+        return f"{self.root}jobs/{job_id}"
+
+    def name(self, user: str, label: str) -> str:
+        return f"{self.root}names/{user}/{label}"
+
+    def login(self, node: str, user: str) -> str:
+        return f"{self.root}logins/{node}/{user}"
+
+    def vtep(self, vni: int, node: str) -> str:
+        return f"{self.root}vteps/{vni}/{node}"
+
+    def prefix(self, what: str) -> str:
+        return f"{self.root}{what}/"
+
+
+def block_from_key(key: str) -> str:
+    """`.../blocks/198.18.0.0-26` -> `198.18.0.0/26`."""
+    last = key.rsplit("/", 1)[-1]
+    net, _, plen = last.rpartition("-")
+    return f"{net}/{plen}"

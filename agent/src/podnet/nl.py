@@ -1,0 +1,485 @@
+"""Minimal rtnetlink client: batches of requests in one send, no fork, no event loop.
+
+pyroute2's message classes encode and decode; this module owns the socket so that a
+whole pod (veth + addresses + routes + neighbours) or a whole FDB (hundreds of entries)
+goes to the kernel in one `sendmsg` and the acknowledgements come back together. A
+socket stays bound to the network namespace it was opened in, which is how the agent
+configures a pod's namespace without entering it.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import os
+import socket
+import struct
+import threading
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
+from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
+from pyroute2.netlink.rtnl.ndmsg import ndmsg
+from pyroute2.netlink.rtnl.rtmsg import rtmsg
+
+NETLINK_ROUTE = 0
+NLM_F_REQUEST = 0x1
+NLM_F_MULTI = 0x2
+NLM_F_ACK = 0x4
+NLM_F_ROOT = 0x100
+NLM_F_MATCH = 0x200
+NLM_F_DUMP = NLM_F_ROOT | NLM_F_MATCH
+NLM_F_REPLACE = 0x100
+NLM_F_EXCL = 0x200
+NLM_F_CREATE = 0x400
+NLM_F_APPEND = 0x800
+NLMSG_ERROR = 2
+NLMSG_DONE = 3
+
+RTM_NEWLINK = 16
+RTM_DELLINK = 17
+RTM_GETLINK = 18
+RTM_NEWADDR = 20
+RTM_GETADDR = 22
+RTM_NEWROUTE = 24
+RTM_DELROUTE = 25
+RTM_GETROUTE = 26
+RTM_NEWNEIGH = 28
+RTM_DELNEIGH = 29
+RTM_GETNEIGH = 30
+
+AF_INET = socket.AF_INET
+AF_BRIDGE = 7
+IFF_UP = 0x1
+NUD_PERMANENT = 0x80
+NTF_SELF = 0x02
+RT_TABLE_MAIN = 254
+RT_SCOPE_UNIVERSE = 0
+RT_SCOPE_LINK = 253
+RT_SCOPE_NOWHERE = 255  # on delete: match any scope
+RTN_UNICAST = 1
+RTN_UNREACHABLE = 7
+#: routes the agent installs carry this protocol number, so reconcile can find its own
+RTPROT_PODNET = 117
+
+_HDR = struct.Struct("=LHHLL")
+_SEQ_LOCK = threading.Lock()
+_seq = 0
+
+
+def _next_seq() -> int:
+    global _seq
+    with _SEQ_LOCK:
+        _seq = (_seq + 1) & 0x7FFFFFFF
+        return _seq
+
+
+class NetlinkError(OSError):
+    """A request in a batch was refused by the kernel."""
+
+    def __init__(self, code: int, what: str) -> None:
+        super().__init__(code, f"{what}: {os.strerror(code)}")
+        self.code = code
+        self.what = what
+
+
+class Request:
+    """One encoded rtnetlink request and a short description for error messages."""
+
+    __slots__ = ("data", "ignore", "seq", "what")
+
+    def __init__(
+        self, msg: Any, mtype: int, flags: int, what: str, ignore: tuple[int, ...] = ()
+    ) -> None:
+        self.seq = _next_seq()
+        msg["header"]["type"] = mtype
+        msg["header"]["flags"] = flags
+        msg["header"]["sequence_number"] = self.seq
+        msg.encode()
+        self.data = bytes(msg.data)
+        self.what = what
+        self.ignore = ignore
+
+
+class Netlink:
+    """An rtnetlink socket bound to the network namespace current at creation time."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, NETLINK_ROUTE)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+        self.sock.bind((0, 0))
+
+    def close(self) -> None:
+        self.sock.close()
+
+    def __enter__(self) -> Netlink:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- batches ----------------------------------------------------------------
+    def batch(self, reqs: list[Request]) -> list[int]:
+        """Send all requests at once; return the per-request errno (0 = ok).
+
+        Raises NetlinkError for the first error that is not in the request's
+        `ignore` list.
+        """
+        results: dict[int, int] = {}
+        group: list[Request] = []
+        size = 0
+        for r in reqs:
+            group.append(r)
+            size += len(r.data)
+            if size > 128 * 1024:
+                self._send_group(group, results)
+                group, size = [], 0
+        if group:
+            self._send_group(group, results)
+        out = [results.get(r.seq, 0) for r in reqs]
+        for r, code in zip(reqs, out, strict=True):
+            if code and code not in r.ignore:
+                raise NetlinkError(code, r.what)
+        return out
+
+    def _send_group(self, group: list[Request], results: dict[int, int]) -> None:
+        self.sock.sendmsg([r.data for r in group])
+        pending = {r.seq for r in group}
+        while pending:
+            data = self.sock.recv(1 << 20)
+            for mtype, seq, payload in _split(data):
+                if mtype == NLMSG_ERROR and seq in pending:
+                    (err,) = struct.unpack_from("=i", payload, 0)
+                    results[seq] = -err
+                    pending.discard(seq)
+
+    def dump(self, msg: Any, mtype: int, family: int = 0) -> Iterator[Any]:
+        """RTM_GET* dump; yields decoded pyroute2 messages."""
+        req = Request(msg, mtype, NLM_F_REQUEST | NLM_F_DUMP, "dump")
+        self.sock.send(req.data)
+        cls = {
+            RTM_GETLINK: ifinfmsg,
+            RTM_GETROUTE: rtmsg,
+            RTM_GETNEIGH: ndmsg,
+            RTM_GETADDR: ifaddrmsg,
+        }[mtype]
+        del family
+        while True:
+            data = self.sock.recv(1 << 20)
+            for t, seq, _payload, raw in _split_raw(data):
+                if seq != req.seq:
+                    continue
+                if t == NLMSG_DONE:
+                    return
+                if t == NLMSG_ERROR:
+                    (err,) = struct.unpack_from("=i", raw, 16)
+                    if err:
+                        raise NetlinkError(-err, "dump")
+                    return
+                m = cls(raw)
+                m.decode()
+                yield m
+
+
+def _split(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+    off = 0
+    while off + 16 <= len(data):
+        length, mtype, _flags, seq, _pid = _HDR.unpack_from(data, off)
+        if length < 16:
+            break
+        yield mtype, seq, data[off + 16 : off + length]
+        off += (length + 3) & ~3
+
+
+def _split_raw(data: bytes) -> Iterator[tuple[int, int, bytes, bytes]]:
+    off = 0
+    while off + 16 <= len(data):
+        length, mtype, _flags, seq, _pid = _HDR.unpack_from(data, off)
+        if length < 16:
+            break
+        yield mtype, seq, data[off + 16 : off + length], data[off : off + length]
+        off += (length + 3) & ~3
+
+
+# -- request builders --------------------------------------------------------------
+_NEW = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
+_SET = NLM_F_REQUEST | NLM_F_ACK
+
+
+def link_up(index: int) -> Request:
+    m = ifinfmsg()
+    m["index"] = index
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    return Request(m, RTM_NEWLINK, _SET, f"link {index} up")
+
+
+def veth(
+    host_name: str, peer_name: str, netns_fd: int, mtu: int, master: int, peer_mac: str
+) -> Request:
+    """Veth pair: host end up in `master`, peer (fixed name and MAC, down) in another netns."""
+    m = ifinfmsg()
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    # the peer cannot be set up here (veth_open of a half-created pair: ENOTCONN);
+    # the pod side brings it up in its own batch
+    peer = {
+        "attrs": [
+            ("IFLA_IFNAME", peer_name),
+            ("IFLA_MTU", mtu),
+            ("IFLA_ADDRESS", peer_mac),
+            ("IFLA_NET_NS_FD", netns_fd),
+        ]
+    }
+    m["attrs"] = [
+        ("IFLA_IFNAME", host_name),
+        ("IFLA_MTU", mtu),
+        ("IFLA_MASTER", master),
+        (
+            "IFLA_LINKINFO",
+            {
+                "attrs": [
+                    ("IFLA_INFO_KIND", "veth"),
+                    ("IFLA_INFO_DATA", {"attrs": [("VETH_INFO_PEER", peer)]}),
+                ]
+            },
+        ),
+    ]
+    return Request(m, RTM_NEWLINK, _NEW, f"create veth {host_name}")
+
+
+def bridge(name: str, mac: str, mtu: int) -> Request:
+    m = ifinfmsg()
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    m["attrs"] = [
+        ("IFLA_IFNAME", name),
+        ("IFLA_MTU", mtu),
+        ("IFLA_ADDRESS", mac),
+        ("IFLA_LINKINFO", {"attrs": [("IFLA_INFO_KIND", "bridge")]}),
+    ]
+    return Request(m, RTM_NEWLINK, _NEW, f"create bridge {name}", ignore=(errno.EEXIST,))
+
+
+def vxlan(name: str, vni: int, local: str, link: int, port: int, mtu: int, master: int) -> Request:
+    m = ifinfmsg()
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    m["attrs"] = [
+        ("IFLA_IFNAME", name),
+        ("IFLA_MTU", mtu),
+        ("IFLA_MASTER", master),
+        (
+            "IFLA_LINKINFO",
+            {
+                "attrs": [
+                    ("IFLA_INFO_KIND", "vxlan"),
+                    (
+                        "IFLA_INFO_DATA",
+                        {
+                            "attrs": [
+                                ("IFLA_VXLAN_ID", vni),
+                                ("IFLA_VXLAN_LOCAL", local),
+                                ("IFLA_VXLAN_LINK", link),
+                                ("IFLA_VXLAN_PORT", port),
+                                ("IFLA_VXLAN_LEARNING", 0),
+                                ("IFLA_VXLAN_TTL", 64),
+                            ]
+                        },
+                    ),
+                ]
+            },
+        ),
+    ]
+    return Request(m, RTM_NEWLINK, _NEW, f"create vxlan {name}", ignore=(errno.EEXIST,))
+
+
+def del_link(index: int, what: str) -> Request:
+    m = ifinfmsg()
+    m["index"] = index
+    return Request(m, RTM_DELLINK, _SET, f"delete link {what}", ignore=(errno.ENODEV,))
+
+
+def addr(index: int, ip: str, prefix: int) -> Request:
+    m = ifaddrmsg()
+    m["family"] = AF_INET
+    m["prefixlen"] = prefix
+    m["index"] = index
+    m["attrs"] = [("IFA_LOCAL", ip), ("IFA_ADDRESS", ip)]
+    return Request(m, RTM_NEWADDR, _NEW, f"address {ip}/{prefix}", ignore=(errno.EEXIST,))
+
+
+def route(
+    dst: str,
+    dst_len: int,
+    *,
+    oif: int = 0,
+    gateway: str | None = None,
+    scope: int = RT_SCOPE_UNIVERSE,
+    rtype: int = RTN_UNICAST,
+    proto: int = RTPROT_PODNET,
+    delete: bool = False,
+    replace: bool = False,
+) -> Request:
+    m = rtmsg()
+    m["family"] = AF_INET
+    m["dst_len"] = dst_len
+    m["table"] = RT_TABLE_MAIN
+    m["proto"] = proto
+    m["scope"] = RT_SCOPE_NOWHERE if delete else scope
+    m["type"] = rtype
+    attrs: list[tuple[str, Any]] = []
+    if dst_len:
+        attrs.append(("RTA_DST", dst))
+    if oif:
+        attrs.append(("RTA_OIF", oif))
+    if gateway:
+        attrs.append(("RTA_GATEWAY", gateway))
+    m["attrs"] = attrs
+    what = f"route {dst}/{dst_len}"
+    if delete:
+        return Request(
+            m,
+            RTM_DELROUTE,
+            _SET,
+            "delete " + what,
+            ignore=(errno.ESRCH, errno.ENOENT, errno.ENODEV),
+        )
+    flags = (NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE) if replace else _NEW
+    return Request(m, RTM_NEWROUTE, flags, what, ignore=(errno.EEXIST,))
+
+
+def neigh(index: int, ip: str, mac: str, delete: bool = False) -> Request:
+    m = ndmsg()
+    m["family"] = AF_INET
+    m["ifindex"] = index
+    m["state"] = NUD_PERMANENT
+    m["attrs"] = [("NDA_DST", ip), ("NDA_LLADDR", mac)]
+    if delete:
+        return Request(
+            m, RTM_DELNEIGH, _SET, f"delete neighbour {ip}", ignore=(errno.ENOENT, errno.ENODEV)
+        )
+    return Request(
+        m, RTM_NEWNEIGH, NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE, f"neighbour {ip}"
+    )
+
+
+def fdb_flood(index: int, vtep: str, delete: bool = False) -> Request:
+    """All-zero FDB entry on a VXLAN device: flood BUM traffic to `vtep`."""
+    m = ndmsg()
+    m["family"] = AF_BRIDGE
+    m["ifindex"] = index
+    m["state"] = NUD_PERMANENT
+    m["flags"] = NTF_SELF
+    m["attrs"] = [("NDA_LLADDR", "00:00:00:00:00:00"), ("NDA_DST", vtep)]
+    if delete:
+        return Request(
+            m, RTM_DELNEIGH, _SET, f"delete fdb {vtep}", ignore=(errno.ENOENT, errno.ENODEV)
+        )
+    return Request(
+        m,
+        RTM_NEWNEIGH,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
+        f"fdb {vtep}",
+        ignore=(errno.EEXIST,),
+    )
+
+
+# -- queries -------------------------------------------------------------------------
+def links(nl: Netlink) -> dict[str, dict[str, Any]]:
+    """name -> {index, kind, master, vni} for every link of the socket's netns."""
+    out: dict[str, dict[str, Any]] = {}
+    m = ifinfmsg()
+    m["family"] = 0
+    for msg in nl.dump(m, RTM_GETLINK):
+        name = msg.get_attr("IFLA_IFNAME")
+        info = msg.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info else None
+        vni = None
+        if kind == "vxlan":
+            data = info.get_attr("IFLA_INFO_DATA")
+            vni = data.get_attr("IFLA_VXLAN_ID") if data else None
+        out[name] = {
+            "index": msg["index"],
+            "kind": kind,
+            "master": msg.get_attr("IFLA_MASTER") or 0,
+            "vni": vni,
+            "link": msg.get_attr("IFLA_LINK") or 0,
+        }
+    return out
+
+
+def podnet_routes(nl: Netlink) -> list[tuple[str, int, int, str | None, int]]:
+    """(dst, dst_len, oif, gateway, type) of main-table IPv4 routes with our protocol."""
+    m = rtmsg()
+    m["family"] = AF_INET
+    out = []
+    for msg in nl.dump(m, RTM_GETROUTE):
+        if msg["proto"] != RTPROT_PODNET or msg.get_attr("RTA_TABLE") not in (None, RT_TABLE_MAIN):
+            continue
+        out.append(
+            (
+                msg.get_attr("RTA_DST") or "0.0.0.0",
+                msg["dst_len"],
+                msg.get_attr("RTA_OIF") or 0,
+                msg.get_attr("RTA_GATEWAY"),
+                msg["type"],
+            )
+        )
+    return out
+
+
+def fdb_dsts(nl: Netlink, index: int) -> set[str]:
+    """Destinations of all-zero FDB entries on VXLAN device `index`."""
+    m = ndmsg()
+    m["family"] = AF_BRIDGE
+    out: set[str] = set()
+    for msg in nl.dump(m, RTM_GETNEIGH):
+        if msg["ifindex"] != index:
+            continue
+        if msg.get_attr("NDA_LLADDR") == "00:00:00:00:00:00" and msg.get_attr("NDA_DST"):
+            out.add(msg.get_attr("NDA_DST"))
+    return out
+
+
+def neighbours(nl: Netlink, index: int) -> dict[str, str]:
+    """Permanent IPv4 neighbours on `index`: ip -> mac."""
+    m = ndmsg()
+    m["family"] = AF_INET
+    out: dict[str, str] = {}
+    for msg in nl.dump(m, RTM_GETNEIGH):
+        if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT:
+            out[msg.get_attr("NDA_DST")] = msg.get_attr("NDA_LLADDR")
+    return out
+
+
+def first_ipv4(nl: Netlink, ifname: str) -> str | None:
+    """The first IPv4 address of interface `ifname` in the socket's netns."""
+    index = links(nl).get(ifname, {}).get("index")
+    if index is None:
+        return None
+    m = ifaddrmsg()
+    m["family"] = AF_INET
+    for msg in nl.dump(m, RTM_GETADDR):
+        if msg["index"] == index:
+            return str(msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS"))
+    return None
+
+
+def mac_for_ip(ip: str) -> str:
+    """Deterministic, locally administered MAC of a pod interface: 0a:58:<ip bytes>."""
+    b = ipaddress.IPv4Address(ip).packed
+    return "0a:58:" + ":".join(f"{x:02x}" for x in b)
+
+
+def chunks(items: Iterable[Request], n: int) -> Iterator[list[Request]]:
+    buf: list[Request] = []
+    for it in items:
+        buf.append(it)
+        if len(buf) >= n:
+            yield buf
+            buf = []
+    if buf:
+        yield buf

@@ -1,0 +1,389 @@
+"""etcd v3 through its JSON gateway (etcd3gw transport), with the few primitives podnet needs.
+
+etcd3gw 2.7 gives the HTTP transport and error mapping; transactions, leases and watches
+are written against the v3 JSON API directly (the same on etcd 3.4 and 3.5). Every thread
+gets its own `requests.Session` (TLS client certificate, `trust_env=False` so no proxy
+variable can redirect etcd traffic). Endpoints are tried in order; a failing endpoint is
+moved to the back.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import requests
+from etcd3gw.client import Etcd3Client
+
+log = logging.getLogger("podnet.store")
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint answered (network, TLS or server error)."""
+
+
+class EtcdRequestError(Exception):
+    """etcd answered with an error for this request (bad request, too many ops...)."""
+
+
+def b64(s: str | bytes) -> str:
+    if isinstance(s, str):
+        s = s.encode()
+    return base64.b64encode(s).decode()
+
+
+def unb64(s: str) -> str:
+    return base64.b64decode(s).decode()
+
+
+def prefix_end(prefix: str) -> str:
+    b = bytearray(prefix.encode())
+    b[-1] += 1
+    return bytes(b).decode("latin-1")
+
+
+def _range_end_b64(prefix: str) -> str:
+    b = bytearray(prefix.encode())
+    b[-1] += 1
+    return base64.b64encode(bytes(b)).decode()
+
+
+@dataclass
+class KV:
+    key: str
+    value: str
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+def _kv(d: dict[str, Any]) -> KV:
+    return KV(
+        key=unb64(d["key"]),
+        value=unb64(d["value"]) if d.get("value") else "",
+        create_revision=int(d.get("create_revision", 0)),
+        mod_revision=int(d.get("mod_revision", 0)),
+        lease=int(d.get("lease", 0)),
+    )
+
+
+# -- txn op builders (v3 JSON) --------------------------------------------------------
+def op_put(key: str, value: Any, lease: int = 0) -> dict[str, Any]:
+    v = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    req: dict[str, Any] = {"key": b64(key), "value": b64(v)}
+    if lease:
+        req["lease"] = lease
+    return {"request_put": req}
+
+
+def op_delete(key: str, prefix: bool = False) -> dict[str, Any]:
+    req: dict[str, Any] = {"key": b64(key)}
+    if prefix:
+        req["range_end"] = _range_end_b64(key)
+    return {"request_delete_range": req}
+
+
+def op_get(key: str, prefix: bool = False) -> dict[str, Any]:
+    req: dict[str, Any] = {"key": b64(key)}
+    if prefix:
+        req["range_end"] = _range_end_b64(key)
+    return {"request_range": req}
+
+
+def cmp_absent(key: str) -> dict[str, Any]:
+    return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
+
+
+def cmp_mod(key: str, rev: int) -> dict[str, Any]:
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}
+
+
+@dataclass
+class TxnResult:
+    succeeded: bool
+    revision: int
+    responses: list[dict[str, Any]] = field(default_factory=list)
+
+    def range_kvs(self, i: int) -> list[KV]:
+        r = self.responses[i].get("response_range", {})
+        return [_kv(k) for k in r.get("kvs", [])]
+
+
+class Etcd:
+    def __init__(
+        self,
+        endpoints: list[str],
+        ca: str | None,
+        cert: str | None,
+        key: str | None,
+        timeout: float = 5.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("no etcd endpoint")
+        self.endpoints = list(endpoints)
+        self.ca, self.cert, self.key = ca, cert, key
+        self.timeout = timeout
+        self._local = threading.local()
+        self._ep_lock = threading.Lock()
+        self.errors = 0  # counted for metrics
+        self.on_error: Callable[[], None] | None = None
+        self.max_txn_ops = 4096  # lowered automatically when the server refuses
+
+    # -- transport ------------------------------------------------------------------
+    def _session(self) -> requests.Session:
+        s: requests.Session | None = getattr(self._local, "session", None)
+        if s is None:
+            s = requests.Session()
+            s.trust_env = False
+            if self.ca:
+                s.verify = self.ca
+            if self.cert and self.key:
+                s.cert = (self.cert, self.key)
+            self._local.session = s
+        return s
+
+    def client(self, endpoint: str, session: requests.Session | None = None) -> Etcd3Client:
+        u = urlsplit(endpoint)
+        return Etcd3Client(
+            host=u.hostname or "127.0.0.1",
+            port=u.port or 2379,
+            protocol=u.scheme or "http",
+            timeout=self.timeout,
+            api_path="/v3/",
+            session=session or self._session(),
+        )
+
+    def post(self, path: str, payload: dict[str, Any], timeout: float | None = None) -> Any:
+        with self._ep_lock:
+            eps = list(self.endpoints)
+        last: Exception | None = None
+        for ep in eps:
+            url = ep.rstrip("/") + "/v3/" + path
+            try:
+                resp = self._session().post(
+                    url, data=json.dumps(payload), timeout=timeout or self.timeout
+                )
+            except requests.exceptions.RequestException as e:
+                last = e
+                self._count_error()
+                with self._ep_lock:
+                    if ep in self.endpoints and len(self.endpoints) > 1:
+                        self.endpoints.remove(ep)
+                        self.endpoints.append(ep)
+                continue
+            if resp.status_code == 200:
+                return resp.json()
+            self._count_error()
+            try:
+                msg = resp.json().get("message") or resp.json().get("error") or resp.text
+            except ValueError:
+                msg = resp.text
+            if resp.status_code >= 500 and "too many operations" not in msg:
+                last = EtcdUnavailable(f"{ep}: HTTP {resp.status_code}: {msg}")
+                continue
+            raise EtcdRequestError(f"etcd refused {path}: {msg}")
+        raise EtcdUnavailable(f"etcd unreachable ({', '.join(eps)}): {last}")
+
+    def _count_error(self) -> None:
+        self.errors += 1
+        if self.on_error:
+            self.on_error()
+
+    # -- kv ----------------------------------------------------------------------------
+    def get(self, key: str) -> KV | None:
+        r = self.post("kv/range", {"key": b64(key)})
+        kvs = r.get("kvs") or []
+        return _kv(kvs[0]) if kvs else None
+
+    def get_json(self, key: str) -> Any:
+        kv = self.get(key)
+        return kv.json() if kv else None
+
+    def get_prefix(self, prefix: str, keys_only: bool = False) -> tuple[list[KV], int]:
+        payload: dict[str, Any] = {"key": b64(prefix), "range_end": _range_end_b64(prefix)}
+        if keys_only:
+            payload["keys_only"] = True
+        r = self.post("kv/range", payload, timeout=max(self.timeout, 30.0))
+        return [_kv(k) for k in r.get("kvs") or []], int(r["header"]["revision"])
+
+    def put(self, key: str, value: Any, lease: int = 0) -> int:
+        r = self.post("kv/put", op_put(key, value, lease)["request_put"])
+        return int(r["header"]["revision"])
+
+    def delete(self, key: str, prefix: bool = False) -> int:
+        r = self.post("kv/deleterange", op_delete(key, prefix)["request_delete_range"])
+        return int(r.get("deleted", 0))
+
+    def txn(
+        self,
+        compare: list[dict[str, Any]],
+        success: list[dict[str, Any]],
+        failure: list[dict[str, Any]] | None = None,
+    ) -> TxnResult:
+        r = self.post("kv/txn", {"compare": compare, "success": success, "failure": failure or []})
+        return TxnResult(
+            bool(r.get("succeeded", False)), int(r["header"]["revision"]), r.get("responses") or []
+        )
+
+    def put_many(self, ops: Iterable[dict[str, Any]]) -> None:
+        """Unguarded puts/deletes, split into transactions the server accepts."""
+        batch: list[dict[str, Any]] = []
+        for op in ops:
+            batch.append(op)
+            if len(batch) >= self.max_txn_ops:
+                self._txn_split(batch)
+                batch = []
+        if batch:
+            self._txn_split(batch)
+
+    def _txn_split(self, ops: list[dict[str, Any]]) -> None:
+        try:
+            self.txn([], ops)
+        except EtcdRequestError as e:
+            if "too many operations" not in str(e) or len(ops) <= 1:
+                raise
+            self.max_txn_ops = max(1, len(ops) // 2)
+            for i in range(0, len(ops), self.max_txn_ops):
+                self._txn_split(ops[i : i + self.max_txn_ops])
+
+    # -- leases ------------------------------------------------------------------------
+    def lease_grant(self, ttl: int) -> int:
+        r = self.post("lease/grant", {"TTL": ttl, "ID": 0})
+        return int(r["ID"])
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Refresh a lease once; returns the remaining TTL (0 = lease is gone)."""
+        r = self.post("lease/keepalive", {"ID": lease})
+        res = r.get("result", r)
+        return int(res.get("TTL", 0))
+
+    def lease_revoke(self, lease: int) -> None:
+        try:
+            self.post("kv/lease/revoke", {"ID": lease})
+        except EtcdRequestError:
+            pass
+
+    def lease_ttl(self, lease: int) -> int:
+        r = self.post("kv/lease/timetolive", {"ID": lease})
+        return int(r.get("TTL", -1))
+
+    def status(self) -> dict[str, Any]:
+        return dict(self.post("maintenance/status", {}))
+
+    # -- watch -------------------------------------------------------------------------
+    def watch_prefix(
+        self,
+        prefix: str,
+        start_revision: int,
+        callback: Callable[[str, str, KV | None], None],
+        resync: Callable[[], int],
+        stop: threading.Event,
+    ) -> threading.Thread:
+        """Watch `prefix` from `start_revision` in a thread.
+
+        callback(kind, key, kv) with kind "put"/"delete". On any stream error the
+        watch restarts from the last seen revision; on compaction it calls `resync()`
+        (which must re-list and return the revision to continue from).
+        """
+        t = threading.Thread(
+            target=self._watch_loop,
+            name=f"watch {prefix}",
+            daemon=True,
+            args=(prefix, start_revision, callback, resync, stop),
+        )
+        t.start()
+        return t
+
+    def _watch_loop(
+        self,
+        prefix: str,
+        rev: int,
+        callback: Callable[[str, str, KV | None], None],
+        resync: Callable[[], int],
+        stop: threading.Event,
+    ) -> None:
+        session = requests.Session()
+        session.trust_env = False
+        if self.ca:
+            session.verify = self.ca
+        if self.cert and self.key:
+            session.cert = (self.cert, self.key)
+        next_rev = rev + 1
+        while not stop.is_set():
+            with self._ep_lock:
+                ep = self.endpoints[0]
+            body = {
+                "create_request": {
+                    "key": b64(prefix),
+                    "range_end": _range_end_b64(prefix),
+                    "start_revision": str(next_rev),
+                    "progress_notify": True,
+                }
+            }
+            try:
+                with session.post(
+                    ep.rstrip("/") + "/v3/watch",
+                    data=json.dumps(body),
+                    stream=True,
+                    timeout=(self.timeout, 60),
+                ) as resp:
+                    for line in resp.iter_lines():
+                        if stop.is_set():
+                            return
+                        if not line:
+                            continue
+                        msg = json.loads(line)
+                        res = msg.get("result") or {}
+                        if res.get("compact_revision") and int(res["compact_revision"]) > 0:
+                            next_rev = resync() + 1
+                            break
+                        if res.get("canceled"):
+                            break
+                        for ev in res.get("events") or []:
+                            kv = _kv(ev["kv"])
+                            kind = "delete" if ev.get("type") == "DELETE" else "put"
+                            callback(kind, kv.key, kv if kind == "put" else None)
+                            next_rev = max(next_rev, kv.mod_revision + 1)
+                        hdr = res.get("header") or {}
+                        if not res.get("events") and not res.get("created") and hdr.get("revision"):
+                            next_rev = max(next_rev, int(hdr["revision"]) + 1)
+            except (requests.exceptions.RequestException, ValueError) as e:
+                if stop.is_set():
+                    return
+                log.debug("watch %s: %s; reconnecting", prefix, e)
+                self._count_error()
+                with self._ep_lock:
+                    if len(self.endpoints) > 1:
+                        self.endpoints.append(self.endpoints.pop(0))
+                stop.wait(0.5)
+            except Exception:  # a callback bug must not kill the watch for good
+                log.exception("watch %s: callback failed; resynchronising", prefix)
+                try:
+                    next_rev = resync() + 1
+                except Exception:
+                    stop.wait(1)
+        session.close()
+
+
+def wait_until(fn: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if fn():
+            return True
+        time.sleep(step)
+    return fn()
+
+
+def json_dumps(value: Any) -> str:
+    """The exact text op_put stores for a JSON value (for VALUE comparisons)."""
+    return json.dumps(value, separators=(",", ":"))

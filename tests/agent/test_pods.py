@@ -1,0 +1,104 @@
+"""Job pods on several nodes: addresses, reachability, names, isolation, teardown."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+from typing import Any
+
+from conftest import POD_CIDR, Node, sh, wait_for
+
+
+def job_up(
+    node: Node, job_id: int, user: str, uid: int, name: str, nodes: list[str]
+) -> dict[str, Any]:
+    r = node.call(
+        "job_up",
+        job_id=job_id,
+        user=user,
+        uid=uid,
+        job_name=name,
+        nodes=nodes,
+        node_index=nodes.index(node.name),
+    )
+    return dict(r["pod"])
+
+
+def ping(node: Node, pod: dict[str, Any], dst: str, count: int = 1) -> bool:
+    r = node.pod_exec(
+        pod["netns"], "ping", "-c", str(count), "-W", "1", "-i", "0.2", dst, check=False
+    )
+    return r.returncode == 0
+
+
+def test_two_node_job_same_user_reach_each_other(cluster: dict[str, Node]) -> None:
+    n1, n2 = cluster["n1"], cluster["n2"]
+    nodes = ["n1", "n2"]
+    p1 = job_up(n1, 101, "alice", 2001, "Train Run", nodes)
+    p2 = job_up(n2, 101, "alice", 2001, "Train Run", nodes)
+    assert p1["ip"] != p2["ip"]
+    for p in (p1, p2):
+        assert ipaddress.ip_address(p["ip"]) in ipaddress.ip_network(POD_CIDR)
+    assert p1["names"] == ["pod0.train-run.alice.t", "pod0.101.alice.t"]
+    assert p2["names"] == ["pod1.train-run.alice.t", "pod1.101.alice.t"]
+    # idempotent: the same pod again
+    assert job_up(n1, 101, "alice", 2001, "Train Run", nodes) == p1
+    assert wait_for(lambda: ping(n1, p1, p2["ip"]), 10)
+    assert ping(n2, p2, p1["ip"])
+    # TCP across nodes
+    srv = n2.pod_exec(
+        p2["netns"],
+        "sh",
+        "-c",
+        'timeout 10 python3 -c "import socket;s=socket.socket();'
+        "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
+        "s.bind(('0.0.0.0',7001));s.listen();c,a=s.accept();"
+        'c.sendall(a[0].encode())" >/dev/null 2>&1 & sleep 0.5; echo started',
+    )
+    assert "started" in srv.stdout
+    out = n1.pod_exec(
+        p1["netns"],
+        "python3",
+        "-c",
+        f"import socket;s=socket.create_connection(('{p2['ip']}',7001),5);"
+        "print(s.recv(100).decode())",
+    )
+    assert out.stdout.strip() == p1["ip"]
+
+
+def test_resolv_conf_searches_job_user_admin(cluster: dict[str, Node]) -> None:
+    n1 = cluster["n1"]
+    pod = n1.call("job_get", job_id=101)["pod"]
+    conf = (n1.dir / "resolv" / pod["name"] / "resolv.conf").read_text()
+    assert "search train-run.alice.t 101.alice.t alice.t admin.example" in conf
+    assert "nameserver 203.0.113.1" in conf
+
+
+def test_pod_interface_settings(cluster: dict[str, Node]) -> None:
+    n1 = cluster["n1"]
+    pod = n1.call("job_get", job_id=101)["pod"]
+    link = n1.pod_exec(pod["netns"], "ip", "-o", "link", "show", "eth0").stdout
+    assert "mtu 1450" in link
+    route = n1.pod_exec(pod["netns"], "ip", "route", "show", "default").stdout
+    assert "via 169.254.0.1 dev eth0" in route
+
+
+def test_job_down_removes_pod_and_records(cluster: dict[str, Node], etcd: Any) -> None:
+    n1, n2 = cluster["n1"], cluster["n2"]
+    nodes = ["n1", "n2"]
+    p1 = job_up(n1, 150, "alice", 2001, "short", nodes)
+    job_up(n2, 150, "alice", 2001, "short", nodes)
+    assert etcd.client.get("/podnet/t/jobs/150") is not None
+    assert n1.call("job_down", job_id=150)["released"] is True
+    assert not Path(p1["netns"]).exists()
+    assert etcd.client.get("/podnet/t/jobs/150") is not None  # n2 still has its pod
+    assert n2.call("job_down", job_id=150)["released"] is True
+    assert etcd.client.get("/podnet/t/jobs/150") is None
+    assert etcd.client.get(f"/podnet/t/ips/{p1['ip']}") is None
+    kvs, _ = etcd.client.get_prefix("/skydns/t/alice/150/")
+    assert kvs == []
+    # idempotent
+    assert n1.call("job_down", job_id=150)["released"] is False
+    links = n1.ns("ip", "-o", "link").stdout
+    assert p1["ip"] not in sh("ip", "netns", "exec", n1.netns, "ip", "route").stdout
+    del links
