@@ -315,8 +315,8 @@ def cluster(workdir: Path, etcd: EtcdServer) -> Iterator[dict[str, Node]]:
             n.teardown()
 
 
-def user_call(node: Node, uid: int, op: str, **args: Any) -> dict[str, Any]:
-    """A request from an unprivileged process (real uid/gid `uid`)."""
+def user_call(node: Node, as_uid: int, op: str, /, **args: Any) -> dict[str, Any]:
+    """A request from an unprivileged process (real uid/gid `as_uid`)."""
     code = (
         "import json,sys;from podnet.client import call,ApiError\n"
         "try:\n print(json.dumps(call(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))))\n"
@@ -324,8 +324,8 @@ def user_call(node: Node, uid: int, op: str, **args: Any) -> dict[str, Any]:
     )
     r = sh(
         "setpriv",
-        f"--reuid={uid}",
-        f"--regid={uid}",
+        f"--reuid={as_uid}",
+        f"--regid={as_uid}",
         "--clear-groups",
         sys.executable,
         "-c",

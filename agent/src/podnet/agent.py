@@ -607,7 +607,10 @@ class Agent:
                 continue
             with self.lock:
                 self.pods[name] = pod
-        # users with a bridge and no pod, and veths of vanished pods
+        # routes to pods that are gone, users with a bridge and no pod
+        with self.lock:
+            ips = {p.ip for p in self.pods.values()}
+        self.dp.remove_pod_routes_except(ips)
         ports = self.dp.user_ports()
         with self.lock:
             vnis = {p.vni for p in self.pods.values()}
@@ -627,6 +630,8 @@ class Agent:
             if job is None or self.cfg.node not in job.nodes:
                 return None
             i = job.nodes.index(self.cfg.node)
+            if not veth or self._pod_ip(name) != job.ips[i]:
+                return None  # half-built (the agent died while creating it): rebuild on demand
             self.etcd.put(job_node_key(self.keys, job.job_id, self.cfg.node), "1")
             return Pod(
                 "job",

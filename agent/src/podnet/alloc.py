@@ -189,6 +189,7 @@ class Allocator:
                 self.ipam.mark(job.ips)
                 self.ipam.release_pending(job.ips)
                 job.revision = r.revision
+                self._drop_stale_name_records(job)
                 return job
             self._release(job.ips, new_blocks)
             got = r.range_kvs(0)
@@ -211,6 +212,15 @@ class Allocator:
         self.ipam.release_pending(ips)
         for blk, _node in new_blocks:
             self.ipam.set_block(blk, None)
+
+    def _drop_stale_name_records(self, job: Job) -> None:
+        """The job name now points at this job only (an older job's extra pods go)."""
+        base = f"{zone_path(self.zone)}/{job.user}/{job.label}/"
+        mine = {f"{base}pod{i}" for i in range(len(job.ips))}
+        kvs, _ = self.etcd.get_prefix(base, keys_only=True)
+        stale = [op_delete(kv.key) for kv in kvs if kv.key not in mine]
+        if stale:
+            self.etcd.put_many(stale)
 
     def job_dns_ops(self, job: Job) -> list[dict[str, Any]]:
         base = zone_path(self.zone) + f"/{job.user}"

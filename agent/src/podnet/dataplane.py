@@ -263,6 +263,13 @@ class Dataplane:
                 return lname
         return None
 
+    def remove_pod_routes_except(self, keep: set[str]) -> None:
+        """Delete our /32 pod routes whose pod is not in `keep` (reconcile)."""
+        reqs = [nl.route(d, 32, delete=True) for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
+                if plen == 32 and not gw and d not in keep]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+
     # -- routes to other nodes' address blocks ----------------------------------------
     def set_block_routes(self, routes: dict[str, str], local_blocks: set[str]) -> None:
         """Routes `block -> node underlay IP` for other nodes' blocks (exactly these)."""

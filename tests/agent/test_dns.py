@@ -1,0 +1,71 @@
+"""A real CoreDNS (the slim build from `make artifacts`) answers what the agents wrote."""
+
+from __future__ import annotations
+
+import glob
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Node, free_port, sh, wait_for
+from test_pods import job_up
+
+CACHE = os.environ.get("PODNET_CACHE_DIR", "/var/cache/podnet-dev")
+
+
+@pytest.fixture(scope="module")
+def coredns(workdir: Path, etcd: Any) -> Iterator[int]:
+    found = sorted(glob.glob(f"{CACHE}/artifacts/coredns-*-linux-amd64"))
+    if not found:
+        pytest.fail(f"no CoreDNS in {CACHE}/artifacts: run `make artifacts`")
+    port = free_port()
+    conf = workdir / "Corefile"
+    conf.write_text(f"""t:{port} 19.198.in-addr.arpa:{port} {{
+    bind 127.0.0.1
+    errors
+    etcd t in-addr.arpa {{
+        path /skydns
+        endpoint {etcd.url}
+    }}
+    loadbalance
+}}
+""")
+    log = open(workdir / "coredns.log", "w")  # noqa: SIM115
+    proc = subprocess.Popen([found[-1], "-conf", str(conf)], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: "CoreDNS-" in (workdir / "coredns.log").read_text(), 10)
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        log.close()
+
+
+def dig(port: int, *q: str) -> list[str]:
+    out = sh("dig", "+short", "+time=2", "+tries=2", "@127.0.0.1", "-p", str(port), *q).stdout
+    return sorted(x for x in out.split() if x)
+
+
+def test_pod_names_job_name_and_ptr(cluster: dict[str, Node], coredns: int) -> None:
+    n1, n2 = cluster["n1"], cluster["n2"]
+    pods = [job_up(n, 701, "alice", 2001, "My_Sim.2", ["n1", "n2"]) for n in (n1, n2)]
+    assert dig(coredns, "pod0.my-sim-2.alice.t") == [pods[0]["ip"]]
+    assert dig(coredns, "pod1.my-sim-2.alice.t") == [pods[1]["ip"]]
+    assert dig(coredns, "pod1.701.alice.t") == [pods[1]["ip"]]
+    assert dig(coredns, "my-sim-2.alice.t") == sorted(p["ip"] for p in pods)
+    assert dig(coredns, "-x", pods[0]["ip"]) == ["pod0.701.alice.t."]
+    # a second live job with the same name: the newest owns the name, the job id name stays
+    newer = job_up(n1, 702, "alice", 2001, "My_Sim.2", ["n1"])
+    assert dig(coredns, "my-sim-2.alice.t") == [newer["ip"]]
+    assert dig(coredns, "pod0.701.alice.t") == [pods[0]["ip"]]
+    # the older job ending does not remove the newer job's name
+    for n in (n1, n2):
+        n.call("job_down", job_id=701)
+    assert dig(coredns, "pod1.701.alice.t") == []
+    assert dig(coredns, "-x", pods[0]["ip"]) == []
+    assert dig(coredns, "my-sim-2.alice.t") == [newer["ip"]]
+    n1.call("job_down", job_id=702)
+    assert dig(coredns, "my-sim-2.alice.t") == []
