@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from podnet.client import call
+from podnet.store import Etcd
 
 REPO = Path(__file__).resolve().parents[2]
 ETCD = os.environ.get("PODNET_TEST_ETCD", "/usr/bin/etcd")
@@ -137,10 +139,8 @@ class EtcdServer:
             stdout=self.log,
             stderr=subprocess.STDOUT,
         )
-        from podnet.store import Etcd
-
         self.client = Etcd([self.url], None, None, None, 5.0)
-        wait_for(lambda: self.client.status(), 20)
+        wait_for(self.client.status, 20)
 
     def stop(self) -> None:
         self.proc.terminate()
@@ -256,7 +256,7 @@ class Node:
             stderr=subprocess.STDOUT,
         )
         log.close()
-        wait_for(lambda: self.alive_socket(), 20)
+        wait_for(self.alive_socket, 20)
 
     def alive_socket(self) -> bool:
         assert self.proc is not None
@@ -277,8 +277,6 @@ class Node:
             self.proc.wait(15)
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
-        from podnet.client import call
-
         return call(op, self.socket, **args)
 
     def pod_exec(
@@ -320,7 +318,8 @@ def user_call(node: Node, as_uid: int, op: str, /, **args: Any) -> dict[str, Any
     code = (
         "import json,sys;from podnet.client import call,ApiError\n"
         "try:\n print(json.dumps(call(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))))\n"
-        "except ApiError as e:\n print(json.dumps({'ok': False, 'code': e.code, 'message': e.message}))"
+        "except ApiError as e:\n"
+        " print(json.dumps({'ok': False, 'code': e.code, 'message': e.message}))"
     )
     r = sh(
         "setpriv",

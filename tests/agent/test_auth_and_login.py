@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import sys
 import time
@@ -17,8 +19,17 @@ A_UID, B_UID = 1, 2
 
 def test_non_root_cannot_create_or_release_job_pods(cluster: dict[str, Node]) -> None:
     n1 = cluster["n1"]
-    r = user_call(n1, A_UID, "job_up", job_id=301, user="daemon", uid=A_UID, job_name="x",
-                  nodes=["n1"], node_index=0)
+    r = user_call(
+        n1,
+        A_UID,
+        "job_up",
+        job_id=301,
+        user="daemon",
+        uid=A_UID,
+        job_name="x",
+        nodes=["n1"],
+        node_index=0,
+    )
     assert r == {"ok": False, "code": "EPERM", "message": r["message"]}
     job_up(n1, 302, "daemon", A_UID, "mine", ["n1"])
     assert user_call(n1, A_UID, "job_down", job_id=302)["code"] == "EPERM"
@@ -43,12 +54,25 @@ def test_user_can_join_own_job_only(cluster: dict[str, Node]) -> None:
 
 def _session(node: Node, uid: int) -> subprocess.Popen[str]:
     """A login session: acquires the login pod and stays alive (its pid holds the pod)."""
-    code = ("import json,sys,time;from podnet.client import call\n"
-            "print(json.dumps(call('login_acquire', sys.argv[1])), flush=True)\n"
-            "time.sleep(600)")
-    p = subprocess.Popen(["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-                          sys.executable, "-c", code, node.socket], stdout=subprocess.PIPE,
-                         text=True)
+    code = (
+        "import json,sys,time;from podnet.client import call\n"
+        "print(json.dumps(call('login_acquire', sys.argv[1])), flush=True)\n"
+        "time.sleep(600)"
+    )
+    p = subprocess.Popen(
+        [
+            "setpriv",
+            f"--reuid={uid}",
+            f"--regid={uid}",
+            "--clear-groups",
+            sys.executable,
+            "-c",
+            code,
+            node.socket,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     return p
 
 
@@ -83,8 +107,6 @@ def test_login_pod_lifecycle_and_reach_own_job_pods(cluster: dict[str, Node]) ->
 
 
 def test_malformed_oversized_partial_and_slow_input(cluster: dict[str, Node]) -> None:
-    import socket
-
     n3 = cluster["n3"]
 
     def raw(data: bytes, delay: float = 0.0, shut: bool = True) -> list[dict[str, object]]:
@@ -93,7 +115,7 @@ def test_malformed_oversized_partial_and_slow_input(cluster: dict[str, Node]) ->
             s.connect(n3.socket)
             try:
                 for i in range(0, len(data), 65536):
-                    s.sendall(data[i:i + 65536])
+                    s.sendall(data[i : i + 65536])
                     if delay:
                         time.sleep(delay)
                 if shut:
@@ -112,10 +134,18 @@ def test_malformed_oversized_partial_and_slow_input(cluster: dict[str, Node]) ->
         return [json.loads(x) for x in buf.splitlines() if x.strip()]
 
     cases = [
-        b"not json\n", b"[]\n", b"{}\n", b'{"v": 2, "op": "status"}\n', b'{"v":1}\n',
-        b'{"v":1,"op":"nope"}\n', b'{"v":1,"op":"job_get","job_id":"x"}\n',
-        b'{"v":1,"op":"job_get","job_id":-1}\n', b'{"v":1,"op":"job_get","job_id":1e99}\n',
-        b'{"v":1,"op":"join","target":"other"}\n', b"\xff\xfe\n", b'{"v":1,"op":"status"',
+        b"not json\n",
+        b"[]\n",
+        b"{}\n",
+        b'{"v": 2, "op": "status"}\n',
+        b'{"v":1}\n',
+        b'{"v":1,"op":"nope"}\n',
+        b'{"v":1,"op":"job_get","job_id":"x"}\n',
+        b'{"v":1,"op":"job_get","job_id":-1}\n',
+        b'{"v":1,"op":"job_get","job_id":1e99}\n',
+        b'{"v":1,"op":"join","target":"other"}\n',
+        b"\xff\xfe\n",
+        b'{"v":1,"op":"status"',
         b'{"v":1,"op":"job_up","job_id":5,"user":"../../x","uid":1,"nodes":["n3"],"node_index":0}\n',
         b'{"v":1,"op":"job_up","job_id":5,"user":"a","uid":1,"nodes":["n3"],"node_index":3}\n',
         b'{"v":1,"op":"job_up","job_id":5,"user":"a","uid":true,"nodes":["n3"],"node_index":0}\n',
@@ -133,8 +163,6 @@ def test_malformed_oversized_partial_and_slow_input(cluster: dict[str, Node]) ->
     slow = raw(b'{"v":1,"op":"status"}\n', delay=0.5)
     assert slow[0]["ok"] is True
     # random bytes
-    import random
-
     rnd = random.Random(7)
     for _ in range(30):
         blob = bytes(rnd.randrange(256) for _ in range(rnd.randrange(1, 300))) + b"\n"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import random
 import re
 import signal
@@ -37,7 +39,7 @@ def test_no_ip_allocated_twice_8_nodes_x_50_concurrent(eight: dict[str, Node], e
             uid = 3000 + job_id % 5
             pod = job_up(eight[node], job_id, f"u{uid}", uid, f"c{job_id}", names)
             results[(job_id, node)] = pod
-        except Exception as e:  # noqa: BLE001 - collected and asserted below
+        except Exception as e:
             errors.append(f"{job_id}@{node}: {e}")
 
     threads = [threading.Thread(target=one, args=(j, n)) for j in jobs for n in names]
@@ -58,8 +60,6 @@ def test_no_ip_allocated_twice_8_nodes_x_50_concurrent(eight: dict[str, Node], e
     # every node's pods come from that node's blocks
     blocks, _ = etcd.client.get_prefix("/podnet/t/blocks/")
     owner_of = {kv.key.rsplit("/", 1)[-1]: kv.json()["node"] for kv in blocks}
-    import ipaddress
-
     for (_job, node), pod in results.items():
         blk = ipaddress.ip_network(f"{pod['ip']}/26", strict=False)
         assert owner_of[f"{blk.network_address}-26"] == node
@@ -110,14 +110,14 @@ def test_kill9_during_create_leaves_nothing_behind(cluster: dict[str, Node], etc
 
 
 def _quiet(node: Node, job_id: int) -> None:
-    try:
+    # the daemon is killed on purpose while it answers
+    with contextlib.suppress(Exception):
         job_up(node, job_id, "alice", 2001, "k", ["n3"])
-    except Exception:  # noqa: BLE001, S110 - the daemon is being killed on purpose
-        pass
 
 
-def test_gc_removes_pods_and_records_of_vanished_jobs(cluster: dict[str, Node], workdir: Path,
-                                                      etcd: Any) -> None:
+def test_gc_removes_pods_and_records_of_vanished_jobs(
+    cluster: dict[str, Node], workdir: Path, etcd: Any
+) -> None:
     n1, n2 = cluster["n1"], cluster["n2"]
     pods = [job_up(n, 600, "alice", 2001, "gc-me", ["n1", "n2"]) for n in (n1, n2)]
     time.sleep(5.5)  # GC spares pods younger than 5 s

@@ -10,7 +10,6 @@ import contextlib
 import ipaddress
 import json
 import logging
-import os
 import pwd
 import subprocess
 import threading
@@ -19,15 +18,22 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from podnet import __version__
+from podnet import __version__, nl
 from podnet.alloc import Allocator, AllocError, Job
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.dataplane import Dataplane, PodSpec
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
-from podnet.names import Keys, dns_label, job_netns, login_netns
-from podnet.nl import mac_for_ip
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_delete, op_put
+from podnet.names import (
+    Keys,
+    block_from_key,
+    dns_label,
+    job_netns,
+    login_netns,
+    ptr_key,
+    zone_path,
+)
+from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
 
 log = logging.getLogger("podnet.agent")
 
@@ -187,8 +193,6 @@ class Agent:
             self.alloc.ipam.mark([rel[4:]], used=(kind == "put"))
             return
         if rel.startswith("blocks/"):
-            from podnet.names import block_from_key
-
             blk = ipaddress.IPv4Network(block_from_key(key))
             node = kv.json().get("node") if kv is not None else None
             self.alloc.ipam.set_block(blk, node)
@@ -228,7 +232,7 @@ class Agent:
 
     def fw_ports(self) -> list[tuple[str, str, str]]:
         with self.lock:
-            return [(p.veth, mac_for_ip(p.ip), p.ip) for p in self.pods.values() if p.veth]
+            return [(p.veth, nl.mac_for_ip(p.ip), p.ip) for p in self.pods.values() if p.veth]
 
     def sync_routes(self) -> None:
         ipam = self.alloc.ipam
@@ -274,7 +278,7 @@ class Agent:
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.create_pod(spec, bri, search + cc.search_domains, cc.dns_servers)
         try:
-            self.fw.add_port(pod.veth, mac_for_ip(pod.ip), pod.ip)
+            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         except Exception:
             self.dp.remove_pod(pod.name, pod.ip)
             raise
@@ -339,7 +343,7 @@ class Agent:
             pod = self.pods.pop(name, None)
         existed = self.dp.remove_pod(name, pod.ip if pod else None)
         if pod and pod.veth:
-            self.fw.del_port(pod.veth, mac_for_ip(pod.ip), pod.ip)
+            self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         job = self.alloc.get_job(job_id)
         if job is not None:
             # the last node to release the job frees its IPs and records (deletes are
@@ -407,7 +411,7 @@ class Agent:
             existed = self.dp.remove_pod(name, pod.ip if pod else None)
             if pod:
                 if pod.veth:
-                    self.fw.del_port(pod.veth, mac_for_ip(pod.ip), pod.ip)
+                    self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
                 self.alloc.release_login(self.cfg.node, pod.user)
                 self._maybe_remove_user(pod.vni)
         return existed or pod is not None
@@ -518,8 +522,6 @@ class Agent:
     def _adopt_login(self, p: Pod) -> None:
         z = self.cluster.zone
         label = dns_label(self.cfg.node, "node")
-        from podnet.names import ptr_key, zone_path
-
         self.etcd.put_many(
             [
                 op_put(
@@ -626,58 +628,62 @@ class Agent:
     def _adopt(self, name: str) -> Pod | None:
         veth = self.dp.pod_veth(name) or ""
         if name.startswith("pn-j") and name[4:].isdigit():
-            job = self.alloc.get_job(int(name[4:]))
-            if job is None or self.cfg.node not in job.nodes:
-                return None
-            i = job.nodes.index(self.cfg.node)
-            if not veth or self._pod_ip(name) != job.ips[i]:
-                return None  # half-built (the agent died while creating it): rebuild on demand
-            self.etcd.put(job_node_key(self.keys, job.job_id, self.cfg.node), "1")
-            return Pod(
-                "job",
-                name,
-                str(self.dp_path(name)),
-                job.ips[i],
-                self.cluster.pod_cidr.prefixlen,
-                job.user,
-                job.uid,
-                job.vni,
-                job.job_id,
-                i,
-                self._names(job, i),
-                veth=veth,
-            )
+            return self._adopt_job(name, veth)
         if name.startswith("pn-l") and name[4:].isdigit():
-            uid = int(name[4:])
-            try:
-                user = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                return None
-            kv = self.etcd.get(self.keys.login(self.cfg.node, user))
-            ip = str(kv.json()["ip"]) if kv else self._pod_ip(name)
-            if not ip:
-                return None
-            vni = self.alloc.user_vni(user, uid)
-            label = dns_label(self.cfg.node, "node")
-            pod = Pod(
-                "login",
-                name,
-                str(self.dp_path(name)),
-                ip,
-                self.cluster.pod_cidr.prefixlen,
-                user,
-                uid,
-                vni,
-                names=[f"{label}.login.{user}.{self.cluster.zone}"],
-                veth=veth,
-            )
-            self._adopt_login(pod)
-            return pod
+            return self._adopt_login_pod(name, veth)
         return None
 
-    def _pod_ip(self, name: str) -> str | None:
-        from podnet import nl
+    def _adopt_job(self, name: str, veth: str) -> Pod | None:
+        job = self.alloc.get_job(int(name[4:]))
+        if job is None or self.cfg.node not in job.nodes:
+            return None
+        i = job.nodes.index(self.cfg.node)
+        if not veth or self._pod_ip(name) != job.ips[i]:
+            return None  # half-built (the agent died while creating it): rebuild on demand
+        self.etcd.put(job_node_key(self.keys, job.job_id, self.cfg.node), "1")
+        return Pod(
+            "job",
+            name,
+            str(self.dp_path(name)),
+            job.ips[i],
+            self.cluster.pod_cidr.prefixlen,
+            job.user,
+            job.uid,
+            job.vni,
+            job.job_id,
+            i,
+            self._names(job, i),
+            veth=veth,
+        )
 
+    def _adopt_login_pod(self, name: str, veth: str) -> Pod | None:
+        uid = int(name[4:])
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return None
+        kv = self.etcd.get(self.keys.login(self.cfg.node, user))
+        ip = str(kv.json()["ip"]) if kv else self._pod_ip(name)
+        if not ip:
+            return None
+        vni = self.alloc.user_vni(user, uid)
+        label = dns_label(self.cfg.node, "node")
+        pod = Pod(
+            "login",
+            name,
+            str(self.dp_path(name)),
+            ip,
+            self.cluster.pod_cidr.prefixlen,
+            user,
+            uid,
+            vni,
+            names=[f"{label}.login.{user}.{self.cluster.zone}"],
+            veth=veth,
+        )
+        self._adopt_login(pod)
+        return pod
+
+    def _pod_ip(self, name: str) -> str | None:
         try:
             sock = self.dp.host.run_in(self.dp.netns_path(name), nl.Netlink)
         except OSError:
@@ -708,6 +714,3 @@ def _starttime(pid: int) -> int:
 
 def job_node_key(keys: Keys, job_id: int, node: str) -> str:
     return keys.root + f"jobnodes/{job_id}/{node}"
-
-
-__all__ = ["Agent", "Pod", "PodnetError", "op_delete", "os"]

@@ -16,7 +16,7 @@ from typing import Any
 
 from podnet import store
 from podnet.ipam import Ipam, PoolExhausted
-from podnet.names import Keys, job_label, ptr_key, zone_path
+from podnet.names import Keys, dns_label, job_label, ptr_key, zone_path
 from podnet.store import Etcd, cmp_absent, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
@@ -327,8 +327,6 @@ class Allocator:
 
 
 def _label(node: str) -> str:
-    from podnet.names import dns_label
-
     return dns_label(node, "node")
 
 

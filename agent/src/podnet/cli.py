@@ -9,8 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from podnet import nl
 from podnet.client import DEFAULT_SOCKET, ApiError, call
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
+from podnet.names import Keys
+from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 
 def _print(data: Any, as_json: bool, text: str) -> None:
@@ -34,9 +37,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     st.pop("v", None)
     st.pop("ok", None)
     etcd = st["etcd"]
+    etcd_text = f"ok, version {etcd.get('version')}" if etcd.get("ok") else etcd.get("error")
     text = (
         f"node {st['node']} (cluster {st['cluster']}), podnetd {st['version']}\n"
-        f"etcd: {'ok, version ' + str(etcd.get('version')) if etcd.get('ok') else etcd.get('error')}\n"
+        f"etcd: {etcd_text}\n"
         f"pods: {st['pods']}, users: {st['users']}"
     )
     _print(st, args.json, text)
@@ -90,10 +94,6 @@ def _builtin(mod: str) -> bool:
 
 def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
     """FDB of each local user VXLAN versus the user's VTEPs in etcd."""
-    from podnet import nl
-    from podnet.names import Keys
-    from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
-
     out = []
     keys = Keys(cfg.cluster)
     try:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
 from types import FrameType
@@ -72,9 +74,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _notify_ready() -> None:
     """sd_notify READY=1 without libsystemd (Type=notify units)."""
-    import os
-    import socket
-
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
         return

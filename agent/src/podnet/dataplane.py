@@ -15,6 +15,7 @@ user are removed with the user's last pod on the node.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import ipaddress
 import logging
@@ -141,7 +142,7 @@ class Dataplane:
         links = nl.links(self.nl())
         by_index = {int(v["index"]): k for k, v in links.items()}
         out: dict[int, int] = {}
-        for name, info in links.items():
+        for name in links:
             if name.startswith("pnbr") and name[4:].isdigit():
                 out.setdefault(int(name[4:]), 0)
         for name, info in links.items():
@@ -164,10 +165,9 @@ class Dataplane:
 
         def inside() -> nl.Netlink:
             sock = nl.Netlink()
-            try:
+            # unprivileged ping inside the pod (best effort: read-only /proc/sys/net)
+            with contextlib.suppress(OSError):
                 netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
-            except OSError:
-                pass
             return sock
 
         pod_nl = self.host.create(path, inside)
@@ -187,7 +187,7 @@ class Dataplane:
                     nl.link_up(eth0),
                     nl.neigh(eth0, spec.gateway_ip, GATEWAY_MAC),
                     nl.route(spec.gateway_ip, 32, oif=eth0, scope=nl.RT_SCOPE_LINK),
-                    nl.route("0.0.0.0", 0, gateway=spec.gateway_ip, oif=eth0),
+                    nl.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=eth0),
                 ]
             )
             self.nl().batch(
@@ -226,10 +226,8 @@ class Dataplane:
         d = self.resolv_dir / name
         for f in (d / "resolv.conf", d / "resolv.conf.tmp"):
             f.unlink(missing_ok=True)
-        try:
+        with contextlib.suppress(OSError):  # not empty: someone else's file, keep it
             d.rmdir()
-        except OSError:
-            pass
         return existed
 
     def pod_exists(self, name: str) -> bool:
@@ -265,8 +263,11 @@ class Dataplane:
 
     def remove_pod_routes_except(self, keep: set[str]) -> None:
         """Delete our /32 pod routes whose pod is not in `keep` (reconcile)."""
-        reqs = [nl.route(d, 32, delete=True) for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
-                if plen == 32 and not gw and d not in keep]
+        reqs = [
+            nl.route(d, 32, delete=True)
+            for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
+            if plen == 32 and not gw and d not in keep
+        ]
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)
 

@@ -14,6 +14,7 @@ only to resynchronise at start.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import threading
@@ -167,46 +168,8 @@ class Firewall:
         self._ports("add", [(port, mac, ip)])
 
     def del_port(self, port: str, mac: str, ip: str) -> None:
-        try:
+        with contextlib.suppress(FirewallError):  # already gone
             self._ports("delete", [(port, mac, ip)])
-        except FirewallError:
-            pass  # already gone
-
-    def set_vteps(self, add: list[str], remove: list[str]) -> None:
-        cmds: list[dict[str, Any]] = []
-        if add:
-            cmds.append(
-                {
-                    "add": {
-                        "element": {
-                            "family": "inet",
-                            "table": "podnet",
-                            "name": "vteps",
-                            "elem": add,
-                        }
-                    }
-                }
-            )
-        for ip in remove:  # one by one: deleting an absent element fails the batch
-            try:
-                self._json(
-                    [
-                        {
-                            "delete": {
-                                "element": {
-                                    "family": "inet",
-                                    "table": "podnet",
-                                    "name": "vteps",
-                                    "elem": [ip],
-                                }
-                            }
-                        }
-                    ]
-                )
-            except FirewallError:
-                pass
-        if cmds:
-            self._json(cmds)
 
     def list_ports(self) -> list[tuple[str, str, str]]:
         with self.lock:

@@ -47,6 +47,6 @@ class AgentCollector:
 def start_metrics(listen: str, agent: Agent) -> None:
     host, _, port = listen.rpartition(":")
     registry = CollectorRegistry()
-    collector: Collector = AgentCollector(agent)  # type: ignore[assignment]
+    collector: Collector = AgentCollector(agent)
     registry.register(collector)
     start_http_server(int(port), addr=host, registry=registry)

@@ -142,7 +142,7 @@ def is_netns(path: Path) -> bool:
     try:
         st = os.fstat(fd)
         # an nsfs inode lives on the nsfs superblock (dev differs from the dir's fs)
-        return st.st_dev != os.stat(str(path.parent)).st_dev
+        return st.st_dev != path.parent.stat().st_dev
     finally:
         os.close(fd)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import itertools
 import os
 import socket
 import struct
@@ -63,16 +64,17 @@ RTN_UNREACHABLE = 7
 #: routes the agent installs carry this protocol number, so reconcile can find its own
 RTPROT_PODNET = 117
 
+#: the IPv4 default route's destination (not a bind address)
+ANY = "0.0.0.0"  # noqa: S104
+
 _HDR = struct.Struct("=LHHLL")
 _SEQ_LOCK = threading.Lock()
-_seq = 0
+_SEQ = itertools.count(1)
 
 
 def _next_seq() -> int:
-    global _seq
     with _SEQ_LOCK:
-        _seq = (_seq + 1) & 0x7FFFFFFF
-        return _seq
+        return next(_SEQ) & 0x7FFFFFFF or 1
 
 
 class NetlinkError(OSError):
@@ -421,7 +423,7 @@ def podnet_routes(nl: Netlink) -> list[tuple[str, int, int, str | None, int]]:
             continue
         out.append(
             (
-                msg.get_attr("RTA_DST") or "0.0.0.0",
+                msg.get_attr("RTA_DST") or ANY,
                 msg["dst_len"],
                 msg.get_attr("RTA_OIF") or 0,
                 msg.get_attr("RTA_GATEWAY"),

@@ -7,6 +7,7 @@ never reaches the agent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -14,6 +15,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from podnet.agent import Agent, PodnetError
@@ -41,16 +43,19 @@ def peer_of(conn: socket.socket) -> Peer:
     return Peer(pid, uid, gid)
 
 
-def _int(
-    req: dict[str, Any], key: str, lo: int = 0, hi: int = 2**32 - 1, required: bool = True
-) -> int | None:
+def _opt_int(req: dict[str, Any], key: str, lo: int = 0, hi: int = 2**32 - 1) -> int | None:
     v = req.get(key)
     if v is None:
-        if required:
-            raise PodnetError("EINVAL", f"'{key}' is required")
         return None
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
         raise PodnetError("EINVAL", f"'{key}' must be an integer in [{lo}, {hi}]")
+    return v
+
+
+def _int(req: dict[str, Any], key: str, lo: int = 0, hi: int = 2**32 - 1) -> int:
+    v = _opt_int(req, key, lo, hi)
+    if v is None:
+        raise PodnetError("EINVAL", f"'{key}' is required")
     return v
 
 
@@ -140,19 +145,16 @@ class Handler:
             if not isinstance(n, str) or not n or len(n) > 64 or not set(n) <= _NAME_CHARS:
                 raise PodnetError("EINVAL", "'nodes' entries must be node names")
         index = _int(req, "node_index", 0, len(nodes) - 1)
-        assert job_id is not None and uid is not None and index is not None
         pod = self.agent.job_up(job_id, user, uid, job_name, [str(n) for n in nodes], index)
         return {"pod": pod.public()}
 
     def job_down(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         self._root(peer)
         job_id = _int(req, "job_id", 1)
-        assert job_id is not None
         return {"released": self.agent.job_down(job_id)}
 
     def job_get(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job_id = _int(req, "job_id", 1)
-        assert job_id is not None
         pod = self.agent.job_get(job_id)
         if not peer.root and pod.uid != peer.uid:
             raise PodnetError("EPERM", f"job {job_id} is not yours")
@@ -160,8 +162,8 @@ class Handler:
 
     def login_acquire(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         if peer.root:
-            uid = _int(req, "uid", 1, 2**31 - 1, required=False)
-            pid = _int(req, "pid", 1, 2**31 - 1, required=False) or 0
+            uid = _opt_int(req, "uid", 1, 2**31 - 1)
+            pid = _opt_int(req, "pid", 1, 2**31 - 1) or 0
             if uid is None:
                 raise PodnetError("EINVAL", "root must name the user: 'uid'")
         else:
@@ -174,7 +176,6 @@ class Handler:
             asked = _int(req, "uid", 0, 2**31 - 1)
             if asked != peer.uid and not peer.root:
                 raise PodnetError("EPERM", "you may only release your own login pod")
-            assert asked is not None
             uid = asked
         return {"released": self.agent.login_release(uid)}
 
@@ -182,12 +183,10 @@ class Handler:
         target = req.get("target")
         if target not in ("login", "job"):
             raise PodnetError("EINVAL", '\'target\' must be "login" or "job"')
-        job_id = _int(req, "job_id", 1, required=False) if target == "job" else None
+        job_id = _opt_int(req, "job_id", 1) if target == "job" else None
         uid = peer.uid
         if peer.root and "uid" in req:
-            asked = _int(req, "uid", 0, 2**31 - 1)
-            assert asked is not None
-            uid = asked
+            uid = _int(req, "uid", 0, 2**31 - 1)
         return {"pod": self.agent.join(uid, str(target), job_id).public()}
 
     def pods(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
@@ -216,21 +215,21 @@ class Server:
         self.stopping = threading.Event()
 
     def bind(self) -> None:
-        os.makedirs(os.path.dirname(self.path), mode=0o755, exist_ok=True)
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
+        path = Path(self.path)
+        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.unlink(missing_ok=True)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(tmp)
-        os.chmod(tmp, 0o666)  # authorization is per request (SO_PEERCRED)
-        os.replace(tmp, self.path)
+        s.bind(str(tmp))
+        # every user may connect: authorization is per request, from SO_PEERCRED
+        tmp.chmod(0o666)
+        tmp.replace(path)
         s.listen(128)
         self.sock = s
 
     def serve_forever(self) -> None:
-        assert self.sock is not None
+        if self.sock is None:
+            raise RuntimeError("bind() first")
         while not self.stopping.is_set():
             try:
                 conn, _ = self.sock.accept()
@@ -287,7 +286,5 @@ class Server:
 
 
 def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
-    try:
+    with contextlib.suppress(OSError):  # the client went away: nothing to tell it
         conn.sendall(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
-    except OSError:
-        pass

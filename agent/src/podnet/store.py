@@ -10,6 +10,7 @@ moved to the back.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import logging
 import threading
@@ -268,10 +269,8 @@ class Etcd:
         return int(res.get("TTL", 0))
 
     def lease_revoke(self, lease: int) -> None:
-        try:
+        with contextlib.suppress(EtcdRequestError):  # already expired
             self.post("kv/lease/revoke", {"ID": lease})
-        except EtcdRequestError:
-            pass
 
     def lease_ttl(self, lease: int) -> int:
         r = self.post("kv/lease/timetolive", {"ID": lease})
@@ -331,32 +330,7 @@ class Etcd:
                 }
             }
             try:
-                with session.post(
-                    ep.rstrip("/") + "/v3/watch",
-                    data=json.dumps(body),
-                    stream=True,
-                    timeout=(self.timeout, 60),
-                ) as resp:
-                    for line in resp.iter_lines():
-                        if stop.is_set():
-                            return
-                        if not line:
-                            continue
-                        msg = json.loads(line)
-                        res = msg.get("result") or {}
-                        if res.get("compact_revision") and int(res["compact_revision"]) > 0:
-                            next_rev = resync() + 1
-                            break
-                        if res.get("canceled"):
-                            break
-                        for ev in res.get("events") or []:
-                            kv = _kv(ev["kv"])
-                            kind = "delete" if ev.get("type") == "DELETE" else "put"
-                            callback(kind, kv.key, kv if kind == "put" else None)
-                            next_rev = max(next_rev, kv.mod_revision + 1)
-                        hdr = res.get("header") or {}
-                        if not res.get("events") and not res.get("created") and hdr.get("revision"):
-                            next_rev = max(next_rev, int(hdr["revision"]) + 1)
+                next_rev = self._watch_stream(session, ep, body, next_rev, callback, resync, stop)
             except (requests.exceptions.RequestException, ValueError) as e:
                 if stop.is_set():
                     return
@@ -373,6 +347,43 @@ class Etcd:
                 except Exception:
                     stop.wait(1)
         session.close()
+
+    def _watch_stream(
+        self,
+        session: requests.Session,
+        ep: str,
+        body: dict[str, Any],
+        next_rev: int,
+        callback: Callable[[str, str, KV | None], None],
+        resync: Callable[[], int],
+        stop: threading.Event,
+    ) -> int:
+        """Follow one watch stream; returns the revision to resume from."""
+        with session.post(
+            ep.rstrip("/") + "/v3/watch",
+            data=json.dumps(body),
+            stream=True,
+            timeout=(self.timeout, 60),
+        ) as resp:
+            for line in resp.iter_lines():
+                if stop.is_set() or not line:
+                    if stop.is_set():
+                        return next_rev
+                    continue
+                res = json.loads(line).get("result") or {}
+                if res.get("compact_revision") and int(res["compact_revision"]) > 0:
+                    return resync() + 1
+                if res.get("canceled"):
+                    return next_rev
+                for ev in res.get("events") or []:
+                    kv = _kv(ev["kv"])
+                    kind = "delete" if ev.get("type") == "DELETE" else "put"
+                    callback(kind, kv.key, kv if kind == "put" else None)
+                    next_rev = max(next_rev, kv.mod_revision + 1)
+                hdr = res.get("header") or {}
+                if not res.get("events") and not res.get("created") and hdr.get("revision"):
+                    next_rev = max(next_rev, int(hdr["revision"]) + 1)
+        return next_rev
 
 
 def wait_until(fn: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
