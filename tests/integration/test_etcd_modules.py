@@ -138,7 +138,7 @@ def html_server() -> Iterator[str]:
         srv.server_close()
 
 
-def test_key_clear_errors(  # noqa: PLR0917 (fixtures)
+def test_key_clear_errors(
     etcd_cluster: Any, html_server: str, tmp_path, run_module, free_port, pki_factory
 ) -> None:
     tls = etcd_cluster.tls_args()
