@@ -59,6 +59,7 @@ deps: host-deps venv collection-link
 ## --- lab cluster ------------------------------------------------------------
 artifacts: deps
 	$(ROOT)/tests/lab/build-artifacts.sh
+	$(ROOT)/tests/lab/build-wheelhouse.sh
 
 lab-up: deps artifacts
 	$(LAB) up

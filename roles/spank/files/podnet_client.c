@@ -15,6 +15,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <sys/mount.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -1009,6 +1011,47 @@ out:
 	free(buf);
 	close(fd);
 	return rc;
+}
+
+/* ======================================================================= */
+/* Pod resolver                                                             */
+/* ======================================================================= */
+
+int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
+{
+	char src[128];
+	struct stat st;
+	size_t i, n = name ? strlen(name) : 0;
+
+	if (why && whysz)
+		why[0] = '\0';
+	if (n == 0 || n > 64 || !strcmp(name, ".") || !strcmp(name, "..")) {
+		pn_fmt(why, whysz, "bad pod name");
+		return -1;
+	}
+	for (i = 0; i < n; i++) {
+		char c = name[i];
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+		      (c >= '0' && c <= '9') || c == '-' || c == '_' ||
+		      c == '.')) {
+			pn_fmt(why, whysz, "bad character in pod name");
+			return -1;
+		}
+	}
+	snprintf(src, sizeof(src), "/etc/netns/%s/resolv.conf", name);
+	if (lstat(src, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0)
+		return 0; /* no pod resolver: keep the node's */
+	if (unshare(CLONE_NEWNS) < 0) {
+		pn_fmt(why, whysz, "unshare(CLONE_NEWNS): %s", strerror(errno));
+		return -1;
+	}
+	/* never propagate our mounts back to the node */
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+	    mount(src, "/etc/resolv.conf", NULL, MS_BIND, NULL) < 0) {
+		pn_fmt(why, whysz, "bind %s: %s", src, strerror(errno));
+		return -1;
+	}
+	return 0;
 }
 
 /* ======================================================================= */

@@ -106,6 +106,15 @@ int pn_call(const char *sock_path, const char *req, size_t reqlen,
  */
 int pn_open_netns(const char *path, char *why, size_t whysz);
 
+/*
+ * The pod's resolver (what `ip netns exec` does): in a private mount namespace
+ * of the calling process, bind-mounts /etc/netns/<name>/resolv.conf onto
+ * /etc/resolv.conf. name is the netns name (checked like pn_open_netns).
+ * Returns 0 (also when the pod has no resolv.conf), -1 with a reason in why.
+ * Must run as root, in the process that will exec the user's program.
+ */
+int pn_enter_pod_resolver(const char *name, char *why, size_t whysz);
+
 /* Parses a base-10 unsigned integer in [min, max]; 0 ok, -1 bad. */
 int pn_parse_uint(const char *s, unsigned long long min, unsigned long long max,
 		  unsigned long long *out);

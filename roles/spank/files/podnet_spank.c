@@ -588,6 +588,15 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 			    pod_name);
 		return cfg.policy == POLICY_WARN ? 0 : -1;
 	}
+	if (joined) {
+		char why[256];
+
+		/* names resolve with the pod's search path (job, user, admin) */
+		if (pn_enter_pod_resolver(pod_name, why, sizeof(why)) < 0 &&
+		    task == 0)
+			slurm_error("podnet: %s (the task keeps the node's "
+				    "resolv.conf)", why);
+	}
 	return 0;
 }
 

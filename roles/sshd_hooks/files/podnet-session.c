@@ -529,6 +529,11 @@ int main(void)
 			out = OUT_ERROR;
 		} else {
 			close(fd);
+			/* the pod's resolver (search: user, admin domains) */
+			if (pn_enter_pod_resolver(rep.pod_name, why,
+						  sizeof(why)) < 0)
+				say("%s (keeping the node's resolv.conf)",
+				    why);
 		}
 	}
 	if (out == OUT_REFUSE ||

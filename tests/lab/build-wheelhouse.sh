@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The podnet agent and its dependencies as wheels for the nodes' Python (Debian trixie:
+# CPython 3.13, x86_64), into $PODNET_CACHE_DIR/artifacts/podnet-wheelhouse-<version>/:
+# the directory hpc.podnet.agent installs from with `pip --no-index` (nodes have no
+# internet; an air-gapped site builds it the same way on a connected machine).
+# Skipped when the directory exists and was built from the same inputs.
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/../.." && pwd)
+cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
+py=${PYTHON:-$root/.venv/bin/python}
+node_py=${NODE_PYTHON_VERSION:-3.13}
+version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' \
+    "$root/agent/pyproject.toml")
+out=$cache/artifacts/podnet-wheelhouse-$version
+# pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
+pins=$(grep -E '^(pyroute2|etcd3gw|prometheus-client|PyYAML|requests)==' "$root/requirements-dev.txt" || true)
+inputs=$( { find "$root/agent" -type f \( -name '*.py' -o -name '*.toml' \) -print0 | sort -z | xargs -0 cat;
+            echo "$pins $node_py"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+mkdir -p "$cache/artifacts"
+if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
+    echo "wheelhouse: cached $out (inputs $inputs)"
+    exit 0
+fi
+tmp=$(mktemp -d "$cache/artifacts/.wheelhouse.XXXXXX")
+trap 'rm -rf "$tmp"' EXIT
+"$py" -m pip wheel -q --no-deps -w "$tmp" "$root/agent"
+reqs=$tmp/requirements.txt
+{
+    echo "$pins"
+    # what pyproject.toml asks for, for anything not pinned above
+    "$py" -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"rb"))["project"]["dependencies"]))' \
+        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|etcd3gw|prometheus-client)[<>=!~ ]' || true
+} | sed '/^$/d' >"$reqs"
+"$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \
+    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    --platform manylinux_2_28_x86_64 --platform any -r "$reqs"
+rm -f "$reqs"
+echo "$inputs" >"$tmp/.inputs"
+(cd "$tmp" && sha256sum ./*.whl >SHA256SUMS)
+chmod 0755 "$tmp"
+rm -rf "$out"
+mv "$tmp" "$out"
+trap - EXIT
+echo "wheelhouse: built $out ($(find "$out" -name '*.whl' | wc -l) wheels)"
