@@ -1,0 +1,647 @@
+"""`make bench-agent`: podnetd against the CNI bridge plugin, on a real etcd and real netns.
+
+Prints one `NAME VALUE UNIT` line per figure (names from issue 3, docs/bench.md) and
+writes them as JSON to build/bench/agent.json. Run as root. Everything it creates is
+named with the prefix `pbn` (or lives under its own temp dir) and is removed on exit,
+also when a phase fails or the run is interrupted.
+
+Setup (one "node", as in tests/agent/conftest.py):
+* host veth `pbnv0` 203.0.113.65/27 <-> `ul0` 203.0.113.66/27 in netns `pbn-n1`;
+* etcd on http://203.0.113.65:<free port> (and 127.0.0.1), data in the temp dir,
+  cluster `bench`, pod CIDR 198.19.0.0/16 (/26 blocks);
+* one real podnetd in `pbn-n1` (node `pbnode1`), pod netns files under the temp dir;
+* the CNI side: netns `pbn-cnih` plays the node (bridge `pbncni0`, 10.250.0.0/16,
+  host-local IPAM data in the temp dir); each CNI pod is a netns `pbnc<i>` made by
+  `ip netns add`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import ipaddress
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "agent" / "src"))
+
+from podnet.alloc import Allocator  # noqa: E402
+from podnet.client import call  # noqa: E402
+from podnet.ipam import Ipam  # noqa: E402
+from podnet.names import Keys, vxlan_name  # noqa: E402
+from podnet.store import Etcd, op_delete, op_put  # noqa: E402
+
+ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
+CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")
+OUT = REPO / "build" / "bench" / "agent.json"
+
+HOST_VETH = "pbnv0"
+HOST_IP = "203.0.113.65"
+NODE_IP = "203.0.113.66"
+UNDERLAY_PREFIX = 27
+NODE_NETNS = "pbn-n1"
+NODE = "pbnode1"
+CLUSTER = "bench"
+ZONE = "bench"
+POD_CIDR = "198.19.0.0/16"
+BLOCK_PREFIX = 26
+VNI_MIN, VNI_MAX = 5000, 9999
+CNI_HOST_NETNS = "pbn-cnih"
+NS = ("ip", "netns", "exec", NODE_NETNS)
+CNI_BRIDGE = "pbncni0"
+CNI_SUBNET = "10.250.0.0/16"
+
+SETUP_PODS = int(os.environ.get("PODNET_BENCH_PODS", "200"))
+WARMUP_PODS = 20
+USERS = 4  # pods are spread over a few users (a Linux bridge holds at most 1024 ports)
+FIRST_POD_SAMPLES = int(os.environ.get("PODNET_BENCH_FIRST_POD_SAMPLES", "25"))
+VTEP_COUNTS = (0, 100, 400)
+RSS_PODS = int(os.environ.get("PODNET_BENCH_RSS_PODS", "1000"))
+ALLOC_NODES = (100, 400, 1000)
+ALLOC_RUNS = 7
+BASE_UID = 30000
+
+CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def log(msg: str) -> None:
+    print(f"# {time.strftime('%H:%M:%S')} {msg}", file=sys.stderr, flush=True)
+
+
+def sh(*argv: str, check: bool = True, **kw: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(argv, check=check, text=True, capture_output=True, **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(fn: Callable[[], Any], timeout: float, what: str) -> Any:
+    end = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+            if last:
+                return last
+        except Exception as e:
+            last = e
+        time.sleep(0.05)
+    raise RuntimeError(f"timed out waiting for {what}: {last!r}")
+
+
+def pct(samples: list[float], p: float) -> float:
+    """Nearest-rank percentile."""
+    s = sorted(samples)
+    return s[max(0, math.ceil(p / 100 * len(s)) - 1)]
+
+
+def ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)
+
+
+class Interrupted(Exception):
+    pass
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    del frame
+    raise Interrupted(f"signal {signum}")
+
+
+class Bench:
+    def __init__(self) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="pbn-bench-"))
+        self.dir.chmod(0o755)
+        self.node_dir = self.dir / NODE
+        self.socket = str(self.node_dir / "podnetd.sock")
+        self.etcd_proc: subprocess.Popen[bytes] | None = None
+        self.podnetd: subprocess.Popen[bytes] | None = None
+        self.etcd_url = ""
+        self.etcd: Etcd | None = None
+        self.cni_netns: list[str] = []
+        self.figures: dict[str, tuple[float, str]] = {}
+        self.extra: dict[str, Any] = {}
+        self.keys = Keys(CLUSTER)
+        self.next_job = 1
+
+    # -- plumbing ----------------------------------------------------------------------
+    def remove_leftovers(self) -> None:
+        """A previous run killed with SIGKILL may have left our (exactly named) objects."""
+        for ns in (NODE_NETNS, CNI_HOST_NETNS):
+            if Path(f"/run/netns/{ns}").exists():
+                sh("ip", "netns", "del", ns, check=False)
+        for p in Path("/run/netns").glob("pbnc[0-9]*"):
+            sh("ip", "netns", "del", p.name, check=False)
+        sh("ip", "link", "del", HOST_VETH, check=False)
+
+    def underlay(self) -> None:
+        sh("ip", "netns", "add", NODE_NETNS)
+        sh(
+            "ip",
+            "link",
+            "add",
+            HOST_VETH,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "ul0",
+            "netns",
+            NODE_NETNS,
+        )
+        sh("ip", "addr", "add", f"{HOST_IP}/{UNDERLAY_PREFIX}", "dev", HOST_VETH)
+        sh("ip", "link", "set", HOST_VETH, "up")
+        ns = NS
+        sh(*ns, "ip", "addr", "add", f"{NODE_IP}/{UNDERLAY_PREFIX}", "dev", "ul0")
+        sh(*ns, "ip", "link", "set", "ul0", "up")
+        sh(*ns, "ip", "link", "set", "lo", "up")
+
+    def start_etcd(self) -> None:
+        port, peer = free_port(), free_port()
+        self.etcd_url = f"http://{HOST_IP}:{port}"
+        logf = open(self.dir / "etcd.log", "w")  # noqa: SIM115
+        self.etcd_proc = subprocess.Popen(
+            [
+                ETCD,
+                "--name",
+                "pbn",
+                "--data-dir",
+                str(self.dir / "etcd"),
+                "--listen-client-urls",
+                f"{self.etcd_url},http://127.0.0.1:{port}",
+                "--advertise-client-urls",
+                self.etcd_url,
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{peer}",
+                "--initial-cluster",
+                f"pbn=http://127.0.0.1:{peer}",
+                "--max-txn-ops",
+                "16384",
+                "--max-request-bytes",
+                "16777216",
+                "--log-level",
+                "warn",
+            ],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+        )
+        logf.close()
+        self.etcd = Etcd([f"http://127.0.0.1:{port}"], None, None, None, 30.0)
+        wait_for(self.etcd.status, 30, "etcd")
+        self.etcd.put(
+            self.keys.config,
+            {
+                "pod_cidr": POD_CIDR,
+                "block_prefix": BLOCK_PREFIX,
+                "zone": ZONE,
+                "vxlan_port": 4789,
+                "underlay_mtu": 1500,
+                "vni_min": VNI_MIN,
+                "vni_max": VNI_MAX,
+                "host_cidrs": [f"203.0.113.64/{UNDERLAY_PREFIX}"],
+                "dns_servers": [HOST_IP],
+                "search_domains": [],
+                "login_lease_ttl": 30,
+                "login_grace": 5.0,
+            },
+        )
+
+    def start_podnetd(self) -> None:
+        self.node_dir.mkdir(parents=True)
+        self.node_dir.chmod(0o755)
+        config = self.node_dir / "podnet.yaml"
+        config.write_text(
+            json.dumps(
+                {
+                    "node": NODE,
+                    "underlay_interface": "ul0",
+                    "underlay_ip": NODE_IP,
+                    "cluster": CLUSTER,
+                    "etcd_endpoints": [self.etcd_url],
+                    "socket": self.socket,
+                    "netns_dir": str(self.node_dir / "netns"),
+                    "resolv_dir": str(self.node_dir / "resolv"),
+                    "state_dir": str(self.node_dir / "state"),
+                    # every job id the bench uses is live; no GC pass during the run
+                    "job_source": ["seq", "1", "200000"],
+                    "gc_interval": 3600,
+                    "log_level": "warning",
+                }
+            )
+        )
+        logf = open(self.node_dir / "podnetd.log", "a")  # noqa: SIM115
+        # nsenter execs podnetd in place: the pid is podnetd's own (for VmRSS)
+        self.podnetd = subprocess.Popen(
+            [
+                "nsenter",
+                f"--net=/run/netns/{NODE_NETNS}",
+                sys.executable,
+                "-m",
+                "podnet.daemon",
+                "-c",
+                str(config),
+            ],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO / "agent" / "src")},
+        )
+        logf.close()
+
+        def alive() -> bool:
+            assert self.podnetd is not None
+            if self.podnetd.poll() is not None:
+                raise SystemExit(
+                    f"podnetd exited {self.podnetd.returncode}: "
+                    + (self.node_dir / "podnetd.log").read_text()[-3000:]
+                )
+            try:
+                call("status", self.socket)
+                return True
+            except OSError:
+                return False
+
+        wait_for(alive, 30, "podnetd")
+
+    def stop_podnetd(self) -> None:
+        p = self.podnetd
+        if p is None or p.poll() is not None:
+            return
+        p.terminate()
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(5)
+
+    def cleanup(self) -> None:
+        self.stop_podnetd()
+        netns_dir = self.node_dir / "netns"
+        if netns_dir.is_dir():
+            for f in netns_dir.iterdir():
+                sh("umount", "-l", str(f), check=False)
+            sh("umount", "-l", str(netns_dir), check=False)  # podnetd made it a shared mount
+        for ns in self.cni_netns:
+            sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "netns", "del", CNI_HOST_NETNS, check=False)
+        sh("ip", "netns", "del", NODE_NETNS, check=False)  # its veths, bridges, VXLANs go too
+        sh("ip", "link", "del", HOST_VETH, check=False)
+        if self.etcd_proc is not None and self.etcd_proc.poll() is None:
+            self.etcd_proc.terminate()
+            try:
+                self.etcd_proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.etcd_proc.kill()
+                self.etcd_proc.wait(5)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # -- podnet requests ---------------------------------------------------------------
+    def user(self, i: int) -> tuple[str, int]:
+        return f"pbu{i}", BASE_UID + i
+
+    def job_up(self, user: tuple[str, int], job_id: int | None = None) -> tuple[int, float]:
+        if job_id is None:
+            job_id = self.next_job
+            self.next_job += 1
+        t0 = time.perf_counter()
+        r = call(
+            "job_up",
+            self.socket,
+            job_id=job_id,
+            user=user[0],
+            uid=user[1],
+            job_name=f"bench{job_id % 7}",
+            nodes=[NODE],
+            node_index=0,
+        )
+        dt = time.perf_counter() - t0
+        pod = r["pod"]
+        if pod["job_id"] != job_id or not Path(pod["netns"]).exists():
+            raise RuntimeError(f"job_up {job_id}: unexpected reply {r}")
+        ipaddress.IPv4Address(pod["ip"])
+        return job_id, dt
+
+    def job_down(self, job_id: int) -> float:
+        t0 = time.perf_counter()
+        r = call("job_down", self.socket, job_id=job_id)
+        dt = time.perf_counter() - t0
+        if not r.get("released"):
+            raise RuntimeError(f"job_down {job_id}: {r}")
+        return dt
+
+    def pod_count(self) -> int:
+        return len(call("pods", self.socket)["pods"])
+
+    # -- phases ------------------------------------------------------------------------
+    def phase_setup_teardown(self) -> list[int]:
+        """Warm daemon: every user already has a pod (its bridge and VXLAN) on the node."""
+        users = [self.user(i) for i in range(USERS)]
+        anchors = [self.job_up(u)[0] for u in users]
+        for i in range(WARMUP_PODS):
+            jid, _ = self.job_up(users[i % USERS])
+            self.job_down(jid)
+        setup: list[float] = []
+        jobs: list[int] = []
+        for i in range(SETUP_PODS):
+            jid, dt = self.job_up(users[i % USERS])
+            setup.append(dt)
+            jobs.append(jid)
+        if self.pod_count() != USERS + SETUP_PODS:
+            raise RuntimeError(
+                f"expected {USERS + SETUP_PODS} pods, podnetd lists {self.pod_count()}"
+            )
+        teardown = [self.job_down(j) for j in jobs]
+        self.figures["pod_setup_p50"] = (ms(pct(setup, 50)), "ms")
+        self.figures["pod_setup_p99"] = (ms(pct(setup, 99)), "ms")
+        self.figures["pod_teardown_p50"] = (ms(pct(teardown, 50)), "ms")
+        self.extra["pod_setup_samples"] = len(setup)
+        self.extra["pod_teardown_p99_ms"] = ms(pct(teardown, 99))
+        return anchors
+
+    def phase_first_pod(self) -> None:
+        assert self.etcd is not None
+        alloc = Allocator(
+            self.etcd,
+            self.keys,
+            Ipam(ipaddress.IPv4Network(POD_CIDR), BLOCK_PREFIX),
+            ZONE,
+            VNI_MIN,
+            VNI_MAX,
+        )
+        k = 100
+        for n in VTEP_COUNTS:
+            samples: list[float] = []
+            for s in range(FIRST_POD_SAMPLES + 1):  # the first round is a warm-up
+                k += 1
+                user = self.user(k)
+                vni = alloc.user_vni(*user)
+                fake = [
+                    op_put(
+                        self.keys.vtep(vni, f"pbnfake{j}"),
+                        {"ip": f"10.200.{j // 250}.{j % 250 + 1}"},
+                    )
+                    for j in range(n)
+                ]
+                if fake:
+                    self.etcd.put_many(fake)
+                time.sleep(0.2)  # let podnetd's watch see the keys (they predate the job)
+                jid, dt = self.job_up(user)
+                if s == 0:  # the pod's VXLAN really lists the other VTEPs
+                    fdb = sh(*NS, "bridge", "fdb", "show", "dev", vxlan_name(vni)).stdout
+                    if fdb.count("dst 10.") != n:
+                        raise RuntimeError(
+                            f"VNI {vni}: {fdb.count('dst 10.')} FDB entries, not {n}"
+                        )
+                if s > 0:
+                    samples.append(dt)
+                self.job_down(jid)
+                self.etcd.put_many([op_delete(self.keys.prefix(f"vteps/{vni}"), prefix=True)])
+            self.figures[f"user_first_pod_p99_vteps{n}"] = (ms(pct(samples, 99)), "ms")
+            self.extra[f"user_first_pod_p50_vteps{n}_ms"] = ms(pct(samples, 50))
+            self.extra[f"user_first_pod_samples_vteps{n}"] = len(samples)
+
+    def phase_rss(self, anchors: list[int]) -> None:
+        assert self.podnetd is not None
+        users = [self.user(i) for i in range(USERS)]
+        jobs = []
+        setup = []
+        for i in range(RSS_PODS - len(anchors)):
+            jid, dt = self.job_up(users[i % USERS])
+            jobs.append(jid)
+            setup.append(dt)
+        live = self.pod_count()
+        if live != RSS_PODS:
+            raise RuntimeError(f"expected {RSS_PODS} pods, podnetd lists {live}")
+        status = Path(f"/proc/{self.podnetd.pid}/status").read_text()
+        if "python" not in Path(f"/proc/{self.podnetd.pid}/cmdline").read_text():
+            raise RuntimeError("the podnetd pid is not the python process")
+        kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+        self.figures["rss_1000_pods"] = (round(kb / 1024, 1), "MB")
+        self.extra["pod_setup_p50_at_1000_ms"] = ms(pct(setup[-200:], 50))
+        self.extra["pod_setup_p99_at_1000_ms"] = ms(pct(setup[-200:], 99))
+        down = [self.job_down(j) for j in jobs + anchors]
+        self.extra["pod_teardown_p50_from_1000_ms"] = ms(pct(down, 50))
+        if self.pod_count() != 0:
+            raise RuntimeError("pods left after teardown")
+
+    def phase_cni(self) -> None:
+        sh("ip", "netns", "add", CNI_HOST_NETNS)
+        sh("ip", "netns", "exec", CNI_HOST_NETNS, "ip", "link", "set", "lo", "up")
+        conf = json.dumps(
+            {
+                "cniVersion": "1.0.0",
+                "name": "pbncni",
+                "type": "bridge",
+                "bridge": CNI_BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "ipam": {
+                    "type": "host-local",
+                    "subnet": CNI_SUBNET,
+                    "dataDir": str(self.dir / "cni-ipam"),
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            }
+        )
+        fd = os.open(f"/run/netns/{CNI_HOST_NETNS}", os.O_RDONLY | os.O_CLOEXEC)
+
+        def enter() -> None:  # in the child, before exec: the plugin runs in pbn-cnih
+            if _libc.setns(fd, CLONE_NEWNET) != 0:
+                os._exit(111)
+
+        def plugin(cmd: str, i: int) -> subprocess.CompletedProcess[str]:
+            env = {
+                "CNI_COMMAND": cmd,
+                "CNI_CONTAINERID": f"pbnc{i}",
+                "CNI_NETNS": f"/run/netns/pbnc{i}",
+                "CNI_IFNAME": "eth0",
+                "CNI_PATH": CNI_PATH,
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            }
+            r = subprocess.run(
+                [f"{CNI_PATH}/bridge"],
+                input=conf,
+                env=env,
+                text=True,
+                capture_output=True,
+                check=False,
+                preexec_fn=enter,  # the bench process runs no threads
+            )
+            if r.returncode != 0:
+                raise RuntimeError(f"CNI {cmd} pbnc{i}: rc {r.returncode}: {r.stdout} {r.stderr}")
+            return r
+
+        cni_net = ipaddress.IPv4Network(CNI_SUBNET)
+        add: list[float] = []
+        with_netns: list[float] = []
+        total = WARMUP_PODS + SETUP_PODS
+        for i in range(total):
+            t0 = time.perf_counter()
+            self.cni_netns.append(f"pbnc{i}")
+            sh("ip", "netns", "add", f"pbnc{i}")
+            t1 = time.perf_counter()
+            r = plugin("ADD", i)
+            t2 = time.perf_counter()
+            ips = json.loads(r.stdout).get("ips") or []
+            if not ips or ipaddress.IPv4Interface(ips[0]["address"]).ip not in cni_net:
+                raise RuntimeError(f"CNI ADD pbnc{i}: no address in {r.stdout}")
+            if i >= WARMUP_PODS:
+                add.append(t2 - t1)
+                with_netns.append(t2 - t0)
+        delete: list[float] = []
+        for i in range(total):
+            t0 = time.perf_counter()
+            plugin("DEL", i)
+            delete.append(time.perf_counter() - t0)
+            sh("ip", "netns", "del", f"pbnc{i}")
+        self.cni_netns.clear()
+        os.close(fd)
+        sh("ip", "netns", "del", CNI_HOST_NETNS)
+        self.figures["cni_bridge_p50"] = (ms(pct(add, 50)), "ms")
+        self.figures["cni_bridge_p99"] = (ms(pct(add, 99)), "ms")
+        self.extra["cni_bridge_with_netns_add_p50_ms"] = ms(pct(with_netns, 50))
+        self.extra["cni_bridge_with_netns_add_p99_ms"] = ms(pct(with_netns, 99))
+        self.extra["cni_del_p50_ms"] = ms(pct(delete, 50))
+        self.extra["cni_samples"] = len(add)
+
+    def phase_alloc(self) -> None:
+        """Allocator.allocate_job in-process against the real etcd (podnetd is stopped)."""
+        assert self.etcd is not None
+        alloc = Allocator(
+            self.etcd,
+            self.keys,
+            Ipam(ipaddress.IPv4Network(POD_CIDR), BLOCK_PREFIX),
+            ZONE,
+            VNI_MIN,
+            VNI_MAX,
+        )
+        user, uid = "pbualloc", BASE_UID + 9999
+        vni = alloc.user_vni(user, uid)
+        job_id = 150000
+        for n in ALLOC_NODES:
+            nodes = [f"pbnfake{i:04d}" for i in range(n)]
+            alloc.load_view()
+            # warm-up (not timed): the first job on a fake node claims its address block
+            job_id += 1
+            alloc.release_job(alloc.allocate_job(job_id, user, uid, "warm", nodes, vni))
+            runs: list[float] = []
+            for _ in range(ALLOC_RUNS):
+                job_id += 1
+                t0 = time.perf_counter()
+                job = alloc.allocate_job(job_id, user, uid, f"a{n}", nodes, vni)
+                runs.append(time.perf_counter() - t0)
+                if len(set(job.ips)) != n:
+                    raise RuntimeError(f"job {job_id}: {len(set(job.ips))} IPs for {n} nodes")
+                alloc.release_job(job)
+            self.figures[f"alloc_job_nodes{n}"] = (ms(statistics.median(runs)), "ms")
+            self.extra[f"alloc_job_nodes{n}_runs_ms"] = [ms(r) for r in runs]
+
+    # -- run ---------------------------------------------------------------------------
+    def run(self) -> None:
+        t0 = time.monotonic()
+        self.remove_leftovers()
+        self.underlay()
+        self.start_etcd()
+        self.start_podnetd()
+        log("podnetd up; pod setup/teardown")
+        anchors = self.phase_setup_teardown()
+        log("first pod of a new user vs VTEP count")
+        self.phase_first_pod()
+        log(f"{RSS_PODS} live pods")
+        self.phase_rss(anchors)
+        self.stop_podnetd()
+        log("CNI bridge + host-local")
+        self.phase_cni()
+        log("allocation")
+        self.phase_alloc()
+        setup_p50 = self.figures["pod_setup_p50"][0]
+        self.figures["cni_over_podnet_p50"] = (
+            round(self.figures["cni_bridge_p50"][0] / setup_p50, 2),
+            "ratio",
+        )
+        self.extra["run_seconds"] = round(time.monotonic() - t0, 1)
+
+
+ORDER = [
+    "pod_setup_p50",
+    "pod_setup_p99",
+    "pod_teardown_p50",
+    "cni_bridge_p50",
+    "cni_bridge_p99",
+    "cni_over_podnet_p50",
+    "user_first_pod_p99_vteps0",
+    "user_first_pod_p99_vteps100",
+    "user_first_pod_p99_vteps400",
+    "alloc_job_nodes100",
+    "alloc_job_nodes400",
+    "alloc_job_nodes1000",
+    "rss_1000_pods",
+]
+
+
+def main() -> int:
+    if os.geteuid() != 0:
+        print("bench_agent: needs root (netns, veth, nftables)", file=sys.stderr)
+        return 2
+    for tool in (ETCD, f"{CNI_PATH}/bridge", f"{CNI_PATH}/host-local"):
+        if not Path(tool).exists():
+            print(f"bench_agent: {tool} missing (make deps)", file=sys.stderr)
+            return 2
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    signal.signal(signal.SIGHUP, _on_signal)
+    b = Bench()
+    try:
+        b.run()
+    except BaseException:
+        plog = b.node_dir / "podnetd.log"
+        if plog.exists():
+            log("failed; podnetd log tail:\n" + plog.read_text()[-2000:])
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        b.cleanup()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for name in ORDER:
+        value, unit = b.figures[name]
+        print(f"{name} {value} {unit}", flush=True)
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(
+        json.dumps(
+            {
+                "figures": {n: {"value": b.figures[n][0], "unit": b.figures[n][1]} for n in ORDER},
+                "extra": b.extra,
+                "host": {"cpus": os.cpu_count(), "kernel": os.uname().release},
+                "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    log(f"wrote {OUT} in {b.extra.get('run_seconds')} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
