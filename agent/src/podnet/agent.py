@@ -171,7 +171,17 @@ class Agent:
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
 
     def register_node(self) -> None:
-        self.lease = self.etcd.lease_grant(max(10, self.cluster.login_lease_ttl))
+        # the node's lease (liveness and login records) survives a restart of podnetd
+        # shorter than its TTL: reuse it, so nothing of a running login pod expires
+        lease_file = self.state / "lease"
+        old = 0
+        with contextlib.suppress(OSError, ValueError):
+            old = int(lease_file.read_text())
+        if old and self.etcd.lease_ttl(old) > 0:
+            self.lease = old
+        else:
+            self.lease = self.etcd.lease_grant(max(10, self.cluster.login_lease_ttl))
+            lease_file.write_text(str(self.lease))
         self.etcd.put_many(
             [
                 op_put(
@@ -258,7 +268,7 @@ class Agent:
     def _ensure_user_net(self, user: str, uid: int) -> tuple[int, int]:
         """(vni, bridge index): the user's VNI, bridge, VXLAN and VTEP registration."""
         vni = self.alloc.user_vni(user, uid)
-        self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}, self.lease)
+        self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
         bri = self.dp.ensure_user(vni, self.cluster.gateway_ip, self.vteps_of(vni))
         return vni, bri
 
@@ -513,7 +523,7 @@ class Agent:
             pods = list(self.pods.values())
         for vni in {p.vni for p in pods}:
             self.etcd.put(
-                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}, self.lease
+                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}
             )
         for p in pods:
             if p.kind == "login":
@@ -525,7 +535,9 @@ class Agent:
         self.etcd.put_many(
             [
                 op_put(
-                    self.keys.login(self.cfg.node, p.user), {"ip": p.ip, "uid": p.uid}, self.lease
+                    self.keys.login(self.cfg.node, p.user),
+                    {"ip": p.ip, "uid": p.uid},
+                    self.lease,
                 ),
                 op_put(
                     self.keys.ip(p.ip),
@@ -533,10 +545,14 @@ class Agent:
                     self.lease,
                 ),
                 op_put(
-                    f"{zone_path(z)}/{p.user}/login/{label}", {"host": p.ip, "ttl": 30}, self.lease
+                    f"{zone_path(z)}/{p.user}/login/{label}",
+                    {"host": p.ip, "ttl": 30},
+                    self.lease,
                 ),
                 op_put(
-                    ptr_key(p.ip), {"host": f"{label}.login.{p.user}.{z}", "ttl": 30}, self.lease
+                    ptr_key(p.ip),
+                    {"host": f"{label}.login.{p.user}.{z}", "ttl": 30},
+                    self.lease,
                 ),
             ]
         )
@@ -621,7 +637,7 @@ class Agent:
                 self.dp.remove_user(vni)
         for vni in vnis:
             self.etcd.put(
-                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}, self.lease
+                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}
             )
         self.fw.resync(sorted(set(self.node_ips.values())), self.fw_ports())
 

@@ -1,0 +1,98 @@
+"""End-to-end tests on a lab deployed by playbooks/site.yml (tests/lab/lab.sh).
+
+PODNET_E2E_LAB names the lab (default pnlab, i.e. `make lab`); the molecule scenario runs
+these tests against its own lab (pnmol) in its verify step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
+CLUSTER = os.environ.get("PODNET_E2E_CLUSTER", "lab")
+POD_CIDR = "198.18.0.0/15"
+
+if os.geteuid() != 0:
+    pytest.skip("e2e tests need root (lab.sh ssh)", allow_module_level=True)
+if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
+    pytest.skip(f"lab {LAB} is not up (make lab)", allow_module_level=True)
+
+
+def ssh(target: str, cmd: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run `cmd` (a shell command line) on a lab node as root or as user@node."""
+    env = {**os.environ, "LAB_NAME": LAB}
+    r = subprocess.run([str(REPO / "tests/lab/lab.sh"), "ssh", target, cmd], env=env,
+                       capture_output=True, text=True, timeout=timeout, check=False)
+    if check and r.returncode != 0:
+        raise AssertionError(f"{target}: {cmd!r} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def pods(node: str) -> list[dict[str, Any]]:
+    return list(json.loads(ssh(node, "podnet --json pods").stdout))
+
+
+def wait_for(fn: Any, timeout: float = 60.0, step: float = 0.5) -> Any:
+    end = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < end:
+        try:
+            last = fn()
+            if last:
+                return last
+        except AssertionError as e:
+            last = e
+        time.sleep(step)
+    raise AssertionError(f"timed out; last: {last!r}")
+
+
+def sbatch(user: str, name: str, nodes: str = "c1,c2", script: str = "sleep 600") -> int:
+    out = ssh("login", f"cd /tmp && runuser -u {user} -- sbatch --parsable -J {name} -w {nodes} "
+                       f"-N {len(nodes.split(','))} -o /tmp/{name}-%j.out --wrap '{script}'").stdout
+    job = int(re.findall(r"\d+", out)[0])
+    wait_for(lambda: ssh("login", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING", 60)
+    return job
+
+
+def scancel(job: int) -> None:
+    ssh("login", f"scancel {job}", check=False)
+    wait_for(lambda: ssh("login", f"squeue -h -j {job} -o %T", check=False).stdout.strip() == "", 60)
+
+
+def pod_of(node: str, job: int) -> dict[str, Any]:
+    return next(p for p in pods(node) if p.get("job_id") == job)
+
+
+def in_pod(node: str, netns: str, cmd: str, check: bool = True, user: str | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    """`ip netns exec` (also the pod's resolv.conf) on a node, optionally as a user."""
+    name = Path(netns).name
+    run = f"runuser -u {user} -- " if user else ""
+    return ssh(node, f"ip netns exec {name} {run}{cmd}", check=check)
+
+
+@pytest.fixture(scope="session")
+def jobs() -> Iterator[dict[str, int]]:
+    """alice and bob each run a 2-node job for the whole session."""
+    j = {"alice": sbatch("alice", "e2ea"), "bob": sbatch("bob", "e2eb")}
+    try:
+        yield j
+    finally:
+        for job in j.values():
+            scancel(job)
+
+
+def etcdctl(args: str) -> str:
+    pki = "/etc/podnet/pki"
+    return ssh("ctl", f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={pki}/ca.crt "
+                      f"--cert={pki}/admin.crt --key={pki}/admin.key {args}").stdout

@@ -1,0 +1,135 @@
+"""Slurm jobs in pods: addresses, names, reachability, isolation, MPI, cleanup."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from typing import Any
+
+from conftest import (
+    CLUSTER,
+    POD_CIDR,
+    etcdctl,
+    in_pod,
+    pod_of,
+    pods,
+    sbatch,
+    scancel,
+    ssh,
+    wait_for,
+)
+
+PING = "ping -c 1 -W 2"
+
+
+def test_each_job_has_a_pod_per_node_with_a_pod_ip(jobs: dict[str, int]) -> None:
+    for user, job in jobs.items():
+        for i, node in enumerate(("c1", "c2")):
+            p = pod_of(node, job)
+            assert p["user"] == user
+            assert ipaddress.ip_address(p["ip"]) in ipaddress.ip_network(POD_CIDR)
+            assert f"pod{i}.{job}.{user}.{CLUSTER}" in p["names"]
+
+
+def test_names_resolve_and_own_pods_reach_each_other(jobs: dict[str, int]) -> None:
+    a1, a2 = pod_of("c1", jobs["alice"]), pod_of("c2", jobs["alice"])
+    name = f"pod1.e2ea.alice.{CLUSTER}"
+    out = in_pod("c1", a1["netns"], f"getent hosts {name}").stdout
+    assert a2["ip"] in out
+    # the search path: job domain first
+    assert a2["ip"] in in_pod("c1", a1["netns"], "getent hosts pod1").stdout
+    assert in_pod("c1", a1["netns"], f"{PING} {name}", check=False).returncode == 0
+    # TCP across nodes, as alice
+    in_pod("c2", a2["netns"], "sh -c 'timeout 20 python3 -c \"import socket;s=socket.socket();"
+           "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\\\"0.0.0.0\\\",7301));"
+           "s.listen();c,a=s.accept();c.sendall(a[0].encode())\" >/dev/null 2>&1 &'", user="alice")
+    time.sleep(1)
+    got = in_pod("c1", a1["netns"], "python3 -c \"import socket;s=socket.create_connection(("
+                 f"'{a2['ip']}',7301),5);print(s.recv(64).decode())\"", user="alice").stdout.strip()
+    assert got == a1["ip"]
+
+
+def test_other_users_pods_unreachable_same_and_cross_node(jobs: dict[str, int]) -> None:
+    a = [pod_of(n, jobs["alice"]) for n in ("c1", "c2")]
+    b = [pod_of(n, jobs["bob"]) for n in ("c1", "c2")]
+    for node, bp in zip(("c1", "c2"), b, strict=True):
+        for ap in a:
+            r = in_pod(node, bp["netns"], f"{PING} {ap['ip']}", check=False)
+            assert r.returncode != 0, f"bob's pod on {node} reached alice's {ap['ip']}"
+    for node, ap in zip(("c1", "c2"), a, strict=True):
+        for bp in b:
+            assert in_pod(node, ap["netns"], f"{PING} {bp['ip']}", check=False).returncode != 0
+
+
+MPI_HELLO = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int rank, size, peer = -1; char host[64];
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank); MPI_Comm_size(MPI_COMM_WORLD, &size);
+    gethostname(host, sizeof host);
+    MPI_Sendrecv(&rank, 1, MPI_INT, (rank + 1) % size, 0, &peer, 1, MPI_INT,
+                 (rank + size - 1) % size, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    printf("hello rank %d of %d on %s got %d\n", rank, size, host, peer);
+    MPI_Finalize();
+    return 0;
+}
+"""
+
+
+def test_mpi_hello_world_with_pmix_across_two_nodes() -> None:
+    ssh("login", f"cat > /tmp/hello_mpi.c <<'EOF'\n{MPI_HELLO}\nEOF\n"
+                 "mpicc -o /tmp/hello_mpi /tmp/hello_mpi.c && chmod 755 /tmp/hello_mpi")
+    out = ssh("login", "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx OMPI_MCA_btl=self,tcp "
+                       "OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 "
+                       "srun --mpi=pmix -N2 -n2 -w c1,c2 --bcast=/tmp/hello_mpi_bc /tmp/hello_mpi",
+              timeout=180).stdout
+    assert "hello rank 0 of 2" in out and "hello rank 1 of 2" in out, out
+    assert "got 1" in out and "got 0" in out, out
+
+
+def test_job_end_removes_pods_ips_and_records() -> None:
+    job = sbatch("carol", "e2ec")
+    ips = [pod_of(n, job)["ip"] for n in ("c1", "c2")]
+    assert etcdctl(f"get /podnet/{CLUSTER}/jobs/{job}").strip()
+    scancel(job)
+
+    def gone() -> bool:
+        left = [p for n in ("c1", "c2") for p in pods(n) if p.get("job_id") == job]
+        return not left
+    wait_for(gone, 60)
+    wait_for(lambda: not etcdctl(f"get /podnet/{CLUSTER}/jobs/{job}").strip(), 30)
+    for ip in ips:
+        assert not etcdctl(f"get /podnet/{CLUSTER}/ips/{ip}").strip()
+    assert not etcdctl(f"get --prefix /skydns/{CLUSTER}/carol/{job}/").strip()
+    for n in ("c1", "c2"):
+        assert f"pn-j{job}" not in ssh(n, "ls /run/netns").stdout
+
+
+def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
+        jobs: dict[str, int]) -> None:
+    a1, a2 = pod_of("c1", jobs["alice"]), pod_of("c2", jobs["alice"])
+    ino = ssh("c1", f"stat -c %i {a1['netns']}").stdout.strip()
+    ssh("c1", "systemctl stop podnetd")
+    try:
+        r = ssh("login", "cd /tmp && runuser -u alice -- srun -N1 -w c1 -t 1 true", check=False,
+                timeout=120)
+        assert r.returncode != 0
+        assert "podnet" in (r.stdout + r.stderr), r.stdout + r.stderr
+        assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
+    finally:
+        ssh("c1", "systemctl start podnetd")
+    wait_for(lambda: ssh("c1", "podnet status", check=False).returncode == 0, 30)
+    assert ssh("c1", f"stat -c %i {a1['netns']}").stdout.strip() == ino
+    assert pod_of("c1", jobs["alice"])["ip"] == a1["ip"]
+    assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
+    # and new steps of the running job still join their pod
+    out = ssh("login", f"cd /tmp && runuser -u alice -- srun --jobid={jobs['alice']} -N2 "
+                       "--overlap ip -br -4 addr show eth0").stdout
+    assert a1["ip"] in out and a2["ip"] in out
+
+
+def _unused(x: Any) -> None:
+    del x
