@@ -112,5 +112,13 @@ test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecu
 bench-agent: deps artifacts
 	$(PY) $(ROOT)/tests/bench/bench_agent.py
 
+# End-to-end tests and benchmark against the lab of `make lab` (PODNET_E2E_LAB=pnlab);
+# make test runs the same tests on the molecule lab (its verify step).
+test-e2e: deps
+	$(PY) -m pytest -q $(ROOT)/tests/e2e
+
+bench-e2e: deps
+	$(PY) $(ROOT)/tests/bench/bench_e2e.py
+
 clean:
 	rm -rf $(ROOT)/build $(ROOT)/tests/output

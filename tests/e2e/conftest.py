@@ -28,11 +28,19 @@ if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
     pytest.skip(f"lab {LAB} is not up (make lab)", allow_module_level=True)
 
 
-def ssh(target: str, cmd: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def ssh(
+    target: str, cmd: str, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     """Run `cmd` (a shell command line) on a lab node as root or as user@node."""
     env = {**os.environ, "LAB_NAME": LAB}
-    r = subprocess.run([str(REPO / "tests/lab/lab.sh"), "ssh", target, cmd], env=env,
-                       capture_output=True, text=True, timeout=timeout, check=False)
+    r = subprocess.run(
+        [str(REPO / "tests/lab/lab.sh"), "ssh", target, cmd],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
     if check and r.returncode != 0:
         raise AssertionError(f"{target}: {cmd!r} exited {r.returncode}\n{r.stdout}\n{r.stderr}")
     return r
@@ -57,8 +65,11 @@ def wait_for(fn: Any, timeout: float = 60.0, step: float = 0.5) -> Any:
 
 
 def sbatch(user: str, name: str, nodes: str = "c1,c2", script: str = "sleep 600") -> int:
-    out = ssh("login", f"cd /tmp && runuser -u {user} -- sbatch --parsable -J {name} -w {nodes} "
-                       f"-N {len(nodes.split(','))} -o /tmp/{name}-%j.out --wrap '{script}'").stdout
+    out = ssh(
+        "login",
+        f"cd /tmp && runuser -u {user} -- sbatch --parsable -J {name} -w {nodes} "
+        f"-N {len(nodes.split(','))} -o /tmp/{name}-%j.out --wrap '{script}'",
+    ).stdout
     job = int(re.findall(r"\d+", out)[0])
     wait_for(lambda: ssh("login", f"squeue -h -j {job} -o %T").stdout.strip() == "RUNNING", 60)
     return job
@@ -66,15 +77,18 @@ def sbatch(user: str, name: str, nodes: str = "c1,c2", script: str = "sleep 600"
 
 def scancel(job: int) -> None:
     ssh("login", f"scancel {job}", check=False)
-    wait_for(lambda: ssh("login", f"squeue -h -j {job} -o %T", check=False).stdout.strip() == "", 60)
+    wait_for(
+        lambda: ssh("login", f"squeue -h -j {job} -o %T", check=False).stdout.strip() == "", 60
+    )
 
 
 def pod_of(node: str, job: int) -> dict[str, Any]:
     return next(p for p in pods(node) if p.get("job_id") == job)
 
 
-def in_pod(node: str, netns: str, cmd: str, check: bool = True, user: str | None = None
-           ) -> subprocess.CompletedProcess[str]:
+def in_pod(
+    node: str, netns: str, cmd: str, check: bool = True, user: str | None = None
+) -> subprocess.CompletedProcess[str]:
     """`ip netns exec` (also the pod's resolv.conf) on a node, optionally as a user."""
     name = Path(netns).name
     run = f"runuser -u {user} -- " if user else ""
@@ -94,5 +108,8 @@ def jobs() -> Iterator[dict[str, int]]:
 
 def etcdctl(args: str) -> str:
     pki = "/etc/podnet/pki"
-    return ssh("ctl", f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={pki}/ca.crt "
-                      f"--cert={pki}/admin.crt --key={pki}/admin.key {args}").stdout
+    return ssh(
+        "ctl",
+        f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={pki}/ca.crt "
+        f"--cert={pki}/admin.crt --key={pki}/admin.key {args}",
+    ).stdout

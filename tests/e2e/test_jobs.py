@@ -40,12 +40,22 @@ def test_names_resolve_and_own_pods_reach_each_other(jobs: dict[str, int]) -> No
     assert a2["ip"] in in_pod("c1", a1["netns"], "getent hosts pod1").stdout
     assert in_pod("c1", a1["netns"], f"{PING} {name}", check=False).returncode == 0
     # TCP across nodes, as alice
-    in_pod("c2", a2["netns"], "sh -c 'timeout 20 python3 -c \"import socket;s=socket.socket();"
-           "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\\\"0.0.0.0\\\",7301));"
-           "s.listen();c,a=s.accept();c.sendall(a[0].encode())\" >/dev/null 2>&1 &'", user="alice")
+    in_pod(
+        "c2",
+        a2["netns"],
+        "sh -c 'timeout 20 python3 -c \"import socket;s=socket.socket();"
+        's.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\\"0.0.0.0\\",7301));'
+        "s.listen();c,a=s.accept();c.sendall(a[0].encode())\" >/dev/null 2>&1 &'",
+        user="alice",
+    )
     time.sleep(1)
-    got = in_pod("c1", a1["netns"], "python3 -c \"import socket;s=socket.create_connection(("
-                 f"'{a2['ip']}',7301),5);print(s.recv(64).decode())\"", user="alice").stdout.strip()
+    got = in_pod(
+        "c1",
+        a1["netns"],
+        'python3 -c "import socket;s=socket.create_connection(('
+        f"'{a2['ip']}',7301),5);print(s.recv(64).decode())\"",
+        user="alice",
+    ).stdout.strip()
     assert got == a1["ip"]
 
 
@@ -80,12 +90,18 @@ int main(int argc, char **argv) {
 
 
 def test_mpi_hello_world_with_pmix_across_two_nodes() -> None:
-    ssh("login", f"cat > /tmp/hello_mpi.c <<'EOF'\n{MPI_HELLO}\nEOF\n"
-                 "mpicc -o /tmp/hello_mpi /tmp/hello_mpi.c && chmod 755 /tmp/hello_mpi")
-    out = ssh("login", "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx OMPI_MCA_btl=self,tcp "
-                       "OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 "
-                       "srun --mpi=pmix -N2 -n2 -w c1,c2 --bcast=/tmp/hello_mpi_bc /tmp/hello_mpi",
-              timeout=180).stdout
+    ssh(
+        "login",
+        f"cat > /tmp/hello_mpi.c <<'EOF'\n{MPI_HELLO}\nEOF\n"
+        "mpicc -o /tmp/hello_mpi /tmp/hello_mpi.c && chmod 755 /tmp/hello_mpi",
+    )
+    out = ssh(
+        "login",
+        "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "
+        "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 "
+        "srun --mpi=pmix -N2 -n2 -w c1,c2 --bcast=/tmp/hello_mpi_bc /tmp/hello_mpi",
+        timeout=180,
+    ).stdout
     assert "hello rank 0 of 2" in out and "hello rank 1 of 2" in out, out
     assert "got 1" in out and "got 0" in out, out
 
@@ -99,6 +115,7 @@ def test_job_end_removes_pods_ips_and_records() -> None:
     def gone() -> bool:
         left = [p for n in ("c1", "c2") for p in pods(n) if p.get("job_id") == job]
         return not left
+
     wait_for(gone, 60)
     wait_for(lambda: not etcdctl(f"get /podnet/{CLUSTER}/jobs/{job}").strip(), 30)
     for ip in ips:
@@ -109,13 +126,18 @@ def test_job_end_removes_pods_ips_and_records() -> None:
 
 
 def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
-        jobs: dict[str, int]) -> None:
+    jobs: dict[str, int],
+) -> None:
     a1, a2 = pod_of("c1", jobs["alice"]), pod_of("c2", jobs["alice"])
     ino = ssh("c1", f"stat -c %i {a1['netns']}").stdout.strip()
     ssh("c1", "systemctl stop podnetd")
     try:
-        r = ssh("login", "cd /tmp && runuser -u alice -- srun -N1 -w c1 -t 1 true", check=False,
-                timeout=120)
+        r = ssh(
+            "login",
+            "cd /tmp && runuser -u alice -- srun -N1 -w c1 -t 1 true",
+            check=False,
+            timeout=120,
+        )
         assert r.returncode != 0
         assert "podnet" in (r.stdout + r.stderr), r.stdout + r.stderr
         assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
@@ -126,8 +148,11 @@ def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
     assert pod_of("c1", jobs["alice"])["ip"] == a1["ip"]
     assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
     # and new steps of the running job still join their pod
-    out = ssh("login", f"cd /tmp && runuser -u alice -- srun --jobid={jobs['alice']} -N2 "
-                       "--overlap ip -br -4 addr show eth0").stdout
+    out = ssh(
+        "login",
+        f"cd /tmp && runuser -u alice -- srun --jobid={jobs['alice']} -N2 "
+        "--overlap ip -br -4 addr show eth0",
+    ).stdout
     assert a1["ip"] in out and a2["ip"] in out
 
 

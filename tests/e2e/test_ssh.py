@@ -11,8 +11,11 @@ PING = "ping -c 1 -W 2"
 
 
 def test_ssh_login_lands_in_login_pod_and_reaches_job_pods(jobs: dict[str, int]) -> None:
-    out = ssh("alice@login", "ip -br -4 addr show eth0; getent hosts pod0.e2ea; "
-                             f"{PING} pod1.e2ea.alice.{CLUSTER} >/dev/null && echo REACH").stdout
+    out = ssh(
+        "alice@login",
+        "ip -br -4 addr show eth0; getent hosts pod0.e2ea; "
+        f"{PING} pod1.e2ea.alice.{CLUSTER} >/dev/null && echo REACH",
+    ).stdout
     login_ip = out.split()[2].split("/")[0]
     assert login_ip.startswith(("198.18.", "198.19.")), out
     assert pod_of("c1", jobs["alice"])["ip"] in out
@@ -53,11 +56,16 @@ def test_root_and_admins_never_captured_even_with_podnetd_stopped() -> None:
 
 def test_login_pod_released_after_last_session_and_grace() -> None:
     env = {"LAB_NAME": LAB, "PATH": "/usr/bin:/bin:/usr/sbin:/sbin"}
-    s = subprocess.Popen([str(REPO / "tests/lab/lab.sh"), "ssh", "bob@login", "sleep 30"],
-                         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    s = subprocess.Popen(
+        [str(REPO / "tests/lab/lab.sh"), "ssh", "bob@login", "sleep 30"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: any(p["kind"] == "login" and p["user"] == "bob" for p in pods("login")),
-                 30)
+        wait_for(
+            lambda: any(p["kind"] == "login" and p["user"] == "bob" for p in pods("login")), 30
+        )
         pod = next(p for p in pods("login") if p["kind"] == "login" and p["user"] == "bob")
         # a second, short session does not end the pod
         assert pod["ip"] in ssh("bob@login", "ip -br -4 addr show eth0").stdout
@@ -67,4 +75,4 @@ def test_login_pod_released_after_last_session_and_grace() -> None:
         s.kill()
         s.wait()
     wait_for(lambda: not any(p["user"] == "bob" for p in pods("login")), 90)
-    assert f"pn-l2002" not in ssh("login", "ls /run/netns").stdout
+    assert "pn-l2002" not in ssh("login", "ls /run/netns").stdout
