@@ -103,8 +103,19 @@ def test_kill9_during_create_leaves_nothing_behind(cluster: dict[str, Node], etc
     assert not [kv for kv in kvs if 500 <= int(kv.json().get("job_id", 0)) < 520]
     netns = {p.name for p in (n3.dir / "netns").iterdir()}
     assert netns == {"pn-j499"}
-    links = sh("ip", "netns", "exec", n3.netns, "ip", "-o", "link").stdout
-    assert len(re.findall(r" pnv[0-9a-f]{12}@", links)) == 1, links
+    # the kernel reaps the veths of removed namespaces asynchronously
+    wait_for(
+        lambda: (
+            len(
+                re.findall(
+                    r" pnv[0-9a-f]{12}@",
+                    sh("ip", "netns", "exec", n3.netns, "ip", "-o", "link").stdout,
+                )
+            )
+            == 1
+        ),
+        15,
+    )
     routes = sh("ip", "netns", "exec", n3.netns, "ip", "route").stdout
     assert routes.count("scope link") - routes.count("proto kernel") == 1, routes
 

@@ -94,6 +94,9 @@ class Agent:
         self._fw: Firewall | None = None
         self._alloc: Allocator | None = None
         self.sync_needed = threading.Event()
+        self.pending_sync: set[str | int] = set()
+        self.user_vnis: dict[str, int] = {}  # a user's VNI never changes
+        self.registered_vteps: set[int] = set()
 
     # -- components (set by start()) ---------------------------------------------------
     @property
@@ -198,6 +201,7 @@ class Agent:
 
     # -- etcd events ---------------------------------------------------------------------
     def _on_event(self, kind: str, key: str, kv: Any) -> None:
+        """Watch events: keep the IPAM view current, queue only the sync that is needed."""
         rel = key[len(self.keys.root) :]
         if rel.startswith("ips/"):
             self.alloc.ipam.mark([rel[4:]], used=(kind == "put"))
@@ -206,39 +210,55 @@ class Agent:
             blk = ipaddress.IPv4Network(block_from_key(key))
             node = kv.json().get("node") if kv is not None else None
             self.alloc.ipam.set_block(blk, node)
+            self._queue("routes")
+        elif rel.startswith("nodes/"):
+            self._queue("nodes")
+        elif rel.startswith("vteps/"):
+            parts = rel.split("/")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2] != self.cfg.node:
+                self._queue(int(parts[1]))
+
+    def _queue(self, what: str | int) -> None:
+        with self.lock:
+            self.pending_sync.add(what)
         self.sync_needed.set()
 
     def _resync(self) -> int:
         rev = self.alloc.load_view()
-        self.sync_needed.set()
+        self._queue("nodes")
+        self._queue("routes")
+        self._queue("fdb")
         return rev
 
     def _sync_loop(self) -> None:
         while not self.stop.is_set():
             if not self.sync_needed.wait(5):
                 continue
+            time.sleep(0.05)  # debounce: one pass for a burst of events
             self.sync_needed.clear()
+            with self.lock:
+                todo, self.pending_sync = self.pending_sync, set()
             try:
-                self.refresh_nodes()
-                self.sync_routes()
-                self.sync_fdb()
+                if "nodes" in todo:
+                    self.refresh_nodes()
+                if "routes" in todo or "nodes" in todo:
+                    self.sync_routes()
+                if "fdb" in todo:
+                    self.sync_fdb()
+                else:
+                    for vni in (t for t in todo if isinstance(t, int)):
+                        self.dp.set_vteps(vni, self.vteps_of(vni))
             except Exception:  # keep syncing; the next event retries
                 log.exception("sync failed")
+                self._queue("fdb")
                 time.sleep(1)
 
     def refresh_nodes(self) -> None:
         kvs, _ = self.etcd.get_prefix(self.keys.prefix("nodes"))
         ips = {kv.key.rsplit("/", 1)[-1]: str(kv.json().get("ip")) for kv in kvs}
-        if ips != self.node_ips or not self.fw_ready():
+        if ips != self.node_ips:
             self.node_ips = ips
             self.fw.resync(sorted(set(ips.values())), self.fw_ports())
-
-    def fw_ready(self) -> bool:
-        try:
-            self.fw.list_ports()
-            return True
-        except Exception:
-            return False
 
     def fw_ports(self) -> list[tuple[str, str, str]]:
         with self.lock:
@@ -265,26 +285,38 @@ class Agent:
         with self.lock:
             return self.user_locks.setdefault(uid, threading.Lock())
 
+    def _vni(self, user: str, uid: int) -> int:
+        vni = self.user_vnis.get(user)
+        if vni is None:
+            vni = self.user_vnis[user] = self.alloc.user_vni(user, uid)
+        return vni
+
     def _ensure_user_net(self, user: str, uid: int) -> tuple[int, int]:
         """(vni, bridge index): the user's VNI, bridge, VXLAN and VTEP registration."""
-        vni = self.alloc.user_vni(user, uid)
-        self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
-        bri = self.dp.ensure_user(vni, self.cluster.gateway_ip, self.vteps_of(vni))
+        vni = self._vni(user, uid)
+        if vni not in self.registered_vteps:
+            self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
+            self.registered_vteps.add(vni)
+        bri = self.dp.user_bridge(vni)
+        if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
+            bri = self.dp.ensure_user(vni, self.cluster.gateway_ip, self.vteps_of(vni))
         return vni, bri
 
     def _maybe_remove_user(self, vni: int) -> None:
         with self.lock:
             if any(p.vni == vni for p in self.pods.values()):
                 return
-        if self.dp.user_ports().get(vni, 0) == 0:
-            with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-                self.etcd.delete(self.keys.vtep(vni, self.cfg.node))
-            self.dp.remove_user(vni)
+        with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+            self.etcd.delete(self.keys.vtep(vni, self.cfg.node))
+        self.registered_vteps.discard(vni)
+        self.dp.remove_user(vni)
 
     # -- pods ----------------------------------------------------------------------------
     def _build(self, pod: Pod, search: list[str]) -> None:
         cc = self.cluster
-        bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
+        bri = self.dp.user_bridge(pod.vni)
+        if bri is None:
+            bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.create_pod(spec, bri, search + cc.search_domains, cc.dns_servers)
         try:
@@ -522,9 +554,8 @@ class Agent:
         with self.lock:
             pods = list(self.pods.values())
         for vni in {p.vni for p in pods}:
-            self.etcd.put(
-                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}
-            )
+            self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
+            self.registered_vteps.add(vni)
         for p in pods:
             if p.kind == "login":
                 self._adopt_login(p)
@@ -636,9 +667,8 @@ class Agent:
             if vni not in vnis:
                 self.dp.remove_user(vni)
         for vni in vnis:
-            self.etcd.put(
-                self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip}
-            )
+            self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
+            self.registered_vteps.add(vni)
         self.fw.resync(sorted(set(self.node_ips.values())), self.fw_ports())
 
     def _adopt(self, name: str) -> Pod | None:

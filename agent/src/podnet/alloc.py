@@ -154,18 +154,7 @@ class Allocator:
             compare = [cmp_absent(self.keys.job(job_id))]
             ops: list[dict[str, Any]] = []
             new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
-            try:
-                for node in nodes:
-                    ip = self.ipam.candidate(node)
-                    if ip is None:
-                        blk = self._claim_block(node, new_blocks)
-                        ip = self.ipam.candidate(node)
-                        if ip is None:
-                            raise AllocError(f"no address in new block {blk}")
-                    job.ips.append(ip)
-            except PoolExhausted:
-                self._release(job.ips, new_blocks)
-                raise AllocError("the pod network has no free address block") from None
+            job.ips = self._pick_ips(nodes, new_blocks)
             for blk, node in new_blocks:
                 compare.append(cmp_absent(self.keys.block(str(blk))))
                 ops.append(op_put(self.keys.block(str(blk)), {"node": node}))
@@ -179,6 +168,8 @@ class Allocator:
                 )
             ops.append(op_put(self.keys.job(job_id), job.to_json()))
             ops += self.job_dns_ops(job)
+            # read the job name's previous owner in the same transaction, then take it
+            ops.insert(0, op_get(self.keys.name(user, job.label)))
             ops.append(op_put(self.keys.name(user, job.label), {"job_id": job_id}))
             try:
                 r = self.etcd.txn(compare, ops, [op_get(self.keys.job(job_id))])
@@ -189,7 +180,9 @@ class Allocator:
                 self.ipam.mark(job.ips)
                 self.ipam.release_pending(job.ips)
                 job.revision = r.revision
-                self._drop_stale_name_records(job)
+                previous = r.range_kvs(0)
+                if previous and previous[0].json().get("job_id") != job_id:
+                    self._drop_stale_name_records(job)
                 return job
             self._release(job.ips, new_blocks)
             got = r.range_kvs(0)
@@ -199,6 +192,28 @@ class Allocator:
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def _pick_ips(
+        self, nodes: list[str], new_blocks: list[tuple[ipaddress.IPv4Network, str]]
+    ) -> list[str]:
+        """One candidate address per node, from that node's blocks (claiming new ones)."""
+        ips: list[str] = []
+        try:
+            for node in nodes:
+                ip = self.ipam.candidate(node)
+                if ip is None:
+                    blk = self._claim_block(node, new_blocks)
+                    ip = self.ipam.candidate(node)
+                    if ip is None:
+                        raise AllocError(f"no address in new block {blk}")
+                ips.append(ip)
+        except PoolExhausted:
+            self._release(ips, new_blocks)
+            raise AllocError("the pod network has no free address block") from None
+        except AllocError:
+            self._release(ips, new_blocks)
+            raise
+        return ips
 
     def _claim_block(
         self, node: str, new_blocks: list[tuple[ipaddress.IPv4Network, str]]

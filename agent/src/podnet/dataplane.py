@@ -61,6 +61,7 @@ class Dataplane:
         self.underlay_mtu = underlay_mtu
         self.host = netns.HostNetns()
         self._tls = threading.local()
+        self.bridges: dict[int, int] = {}  # vni -> bridge ifindex of users present here
         self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
         netns.make_shared_dir(self.netns_dir)
         links = nl.links(self.nl())
@@ -106,7 +107,12 @@ class Dataplane:
                 )
                 links = nl.links(self.nl())
             self._set_fdb(int(links[vx]["index"]), vteps)
+            self.bridges[vni] = bri
         return bri
+
+    def user_bridge(self, vni: int) -> int | None:
+        """The user's bridge index if this agent set it up (no netlink dump)."""
+        return self.bridges.get(vni)
 
     def set_vteps(self, vni: int, vteps: list[str]) -> bool:
         """Make the user's FDB exactly `vteps`; False if the user has no VXLAN here."""
@@ -128,6 +134,7 @@ class Dataplane:
 
     def remove_user(self, vni: int) -> None:
         with self.lock:
+            self.bridges.pop(vni, None)
             links = nl.links(self.nl())
             reqs = [
                 nl.del_link(int(links[n]["index"]), n)
