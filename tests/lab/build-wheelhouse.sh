@@ -24,7 +24,7 @@ if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
 fi
 tmp=$(mktemp -d "$cache/artifacts/.wheelhouse.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-"$py" -m pip wheel -q --no-deps -w "$tmp" "$root/agent"
+"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp" "$root/agent"
 reqs=$tmp/requirements.txt
 {
     echo "$pins"
@@ -32,9 +32,15 @@ reqs=$tmp/requirements.txt
     "$py" -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"rb"))["project"]["dependencies"]))' \
         "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|etcd3gw|prometheus-client)[<>=!~ ]' || true
 } | sed '/^$/d' >"$reqs"
-"$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \
-    --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-    --platform manylinux_2_28_x86_64 --platform any -r "$reqs"
+download() {
+    "$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \
+        --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        --platform manylinux_2_28_x86_64 --platform any -r "$reqs" "$@"
+}
+# the dependencies rarely change: reuse the previous wheelhouse offline, else download
+if ! { [ -d "$out" ] && download --no-index --find-links "$out" 2>/dev/null; }; then
+    download
+fi
 rm -f "$reqs"
 echo "$inputs" >"$tmp/.inputs"
 (cd "$tmp" && sha256sum ./*.whl >SHA256SUMS)
