@@ -372,6 +372,25 @@ class Bench:
             raise RuntimeError(f"job_down {job_id}: {r}")
         return dt
 
+    def podnetd_cpu_ticks(self) -> int:
+        assert self.podnetd is not None
+        fields = Path(f"/proc/{self.podnetd.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    def quiesce(self, timeout: float = 10.0) -> None:
+        """Wait until podnetd used no CPU for 0.1 s (its watch-triggered sync is done)."""
+        time.sleep(0.1)
+        end = time.monotonic() + timeout
+        last = self.podnetd_cpu_ticks()
+        while time.monotonic() < end:
+            time.sleep(0.1)
+            now = self.podnetd_cpu_ticks()
+            if now == last:
+                return
+            last = now
+        log(f"podnetd still busy {timeout} s after the last request; going on")
+        self.extra["quiesce_timeouts"] = int(self.extra.get("quiesce_timeouts", 0)) + 1
+
     def pod_count(self) -> int:
         return len(call("pods", self.socket)["pods"])
 
@@ -401,6 +420,15 @@ class Bench:
         self.figures["pod_teardown_p50"] = (ms(pct(teardown, 50)), "ms")
         self.extra["pod_setup_samples"] = len(setup)
         self.extra["pod_teardown_p99_ms"] = ms(pct(teardown, 99))
+        # detail only: the same number of pods made and removed one at a time (so only the
+        # anchors + 1 pod are live), to separate per-pod cost from the live-pod count
+        cycled: list[float] = []
+        for i in range(SETUP_PODS):
+            jid, dt = self.job_up(users[i % USERS])
+            cycled.append(dt)
+            self.job_down(jid)
+        self.extra["pod_setup_p50_one_live_ms"] = ms(pct(cycled, 50))
+        self.extra["pod_setup_p99_one_live_ms"] = ms(pct(cycled, 99))
         return anchors
 
     def phase_first_pod(self) -> None:
@@ -429,7 +457,7 @@ class Bench:
                 ]
                 if fake:
                     self.etcd.put_many(fake)
-                time.sleep(0.2)  # let podnetd's watch see the keys (they predate the job)
+                self.quiesce()  # podnetd's watch has seen the keys: they predate the job
                 jid, dt = self.job_up(user)
                 if s == 0:  # the pod's VXLAN really lists the other VTEPs
                     fdb = sh(*NS, "bridge", "fdb", "show", "dev", vxlan_name(vni)).stdout
