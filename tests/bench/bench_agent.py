@@ -6,8 +6,8 @@ named with the prefix `pbn` (or lives under its own temp dir) and is removed on 
 also when a phase fails or the run is interrupted.
 
 Setup (one "node", as in tests/agent/conftest.py):
-* host veth `pbnv0` 203.0.113.65/27 <-> `ul0` 203.0.113.66/27 in netns `pbn-n1`;
-* etcd on http://203.0.113.65:<free port> (and 127.0.0.1), data in the temp dir,
+* host veth `pbnv0` 203.0.113.129/28 <-> `ul0` 203.0.113.130/28 in netns `pbn-n1`;
+* etcd on http://203.0.113.129:<free port> (and 127.0.0.1), data in the temp dir,
   cluster `bench`, pod CIDR 198.19.128.0/18 (/26 blocks);
 * one real podnetd in `pbn-n1` (node `pbnode1`), pod netns files under the temp dir;
 * the CNI side: netns `pbn-cnih` plays the node (bridge `pbncni0`, 198.19.192.0/20,
@@ -15,7 +15,8 @@ Setup (one "node", as in tests/agent/conftest.py):
   `ip netns add`;
 * fake remote VTEPs (FDB entries only, never sent to) from 198.19.208.0/20; the
   allocation phase runs in-process in its own keyspace (cluster `pbnalloc`).
-All addresses are inside 198.19.128.0/17 and 203.0.113.64/27; nothing routes off the host.
+All addresses are inside 198.19.128.0/17 and 203.0.113.128/28 (never a range holding
+203.0.113.80, where this machine's package mirrors answer); nothing routes off the host.
 
 Sizes can be lowered for a smoke run (PODNET_BENCH_PODS, PODNET_BENCH_RSS_PODS,
 PODNET_BENCH_FIRST_POD_SAMPLES); a figure whose sample size is below the issue's
@@ -57,9 +58,9 @@ CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")
 OUT = REPO / "build" / "bench" / "agent.json"
 
 HOST_VETH = "pbnv0"
-HOST_IP = "203.0.113.65"
-NODE_IP = "203.0.113.66"
-UNDERLAY_PREFIX = 27
+HOST_IP = "203.0.113.129"
+NODE_IP = "203.0.113.130"
+UNDERLAY_PREFIX = 28
 NODE_NETNS = "pbn-n1"
 NODE = "pbnode1"
 CLUSTER = "bench"
@@ -233,7 +234,7 @@ class Bench:
                 "underlay_mtu": 1500,
                 "vni_min": VNI_MIN,
                 "vni_max": VNI_MAX,
-                "host_cidrs": [f"203.0.113.64/{UNDERLAY_PREFIX}"],
+                "host_cidrs": [f"203.0.113.128/{UNDERLAY_PREFIX}"],
                 "dns_servers": [HOST_IP],
                 "search_domains": [],
                 "login_lease_ttl": 30,
