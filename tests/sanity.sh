@@ -6,8 +6,10 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST="$ROOT/build/sanity/ansible_collections/hpc/podnet"
 rm -rf "$ROOT/build/sanity"
 mkdir -p "$DEST"
-# tracked and new (not ignored) files only
-(cd "$ROOT" && git ls-files -co --exclude-standard -z) | (cd "$ROOT" && rsync -a --from0 --files-from=- ./ "$DEST/")
+# tracked and new (not ignored) files of the collection itself: the agent (agent/) and the
+# test suites (tests/) are Python projects of their own, checked by ruff, mypy and pytest
+(cd "$ROOT" && git ls-files -co --exclude-standard -z -- . ':!agent' ':!tests' 'tests/sanity') \
+  | (cd "$ROOT" && rsync -a --from0 --files-from=- ./ "$DEST/")
 for f in "$DEST"/tests/sanity/ignore-*.txt; do
   [ -e "$f" ] || continue
   if [ -s "$f" ]; then echo "sanity: $f is not empty" >&2; exit 1; fi

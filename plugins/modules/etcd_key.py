@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) podnet developers
-# Apache License 2.0 (see galaxy.yml)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Ansible module hpc.podnet.etcd_key: one etcd key (or a prefix) through the v3 JSON gateway."""
 
 from __future__ import annotations
@@ -11,14 +12,14 @@ module: etcd_key
 short_description: Read, write or delete etcd keys (v3 API, TLS client certificates)
 version_added: 0.1.0
 description:
-  - Writes a key to etcd when its value differs, deletes a key or a key prefix, or reads a key
-    or a prefix, through etcd's v3 JSON gateway.
+  - Writes a key to etcd when its value differs, or deletes a key or a key prefix, through
+    etcd's v3 JSON gateway. M(hpc.podnet.etcd_key_info) reads keys.
   - Values given with O(json) are compared semantically (key order and spacing do not matter)
     and written in a canonical compact form with sorted keys.
   - A write is a compare-and-swap transaction on the revision that was read, so a concurrent
     writer is never overwritten silently.
 author:
-  - podnet developers
+  - podnet developers (@podnet)
 extends_documentation_fragment:
   - hpc.podnet.etcd
 attributes:
@@ -49,13 +50,13 @@ options:
     description:
       - V(present) writes the value when it differs.
       - V(absent) deletes the key (or every key under the prefix).
-      - V(get) only reads (never changes anything); a missing key is not an error.
     type: str
-    choices: [present, absent, get]
+    choices: [present, absent]
     default: present
   prefix:
     description:
-      - Treat O(key) as a prefix, for O(state=absent) and O(state=get) only.
+      - Treat O(key) as a prefix (O(state=absent) only; M(hpc.podnet.etcd_key_info) reads
+        prefixes).
     type: bool
     default: false
 """
@@ -76,16 +77,6 @@ EXAMPLES = r"""
     ca_cert: /etc/etcd/pki/ca.crt
     client_cert: /etc/etcd/pki/admin.crt
     client_key: /etc/etcd/pki/admin.key
-
-- name: Read a key
-  hpc.podnet.etcd_key:
-    key: /podnet/lab/config
-    state: get
-  register: cfg
-
-- name: Use it
-  ansible.builtin.debug:
-    msg: "{{ cfg.json.pod_cidr }}"
 
 - name: Delete every key of a node
   hpc.podnet.etcd_key:
@@ -129,8 +120,7 @@ version:
   type: int
 kvs:
   description:
-    - With O(prefix=true), the keys found (O(state=get)) or deleted (O(state=absent)) with their
-      values.
+    - With O(prefix=true), the keys deleted (O(state=absent)) with their values.
   returned: when O(prefix=true)
   type: list
   elements: dict
@@ -231,19 +221,7 @@ def run(params: dict[str, t.Any], check_mode: bool, gw: EtcdGateway) -> dict[str
     if not key:
         raise EtcdKeyError("option key must not be empty")
     if prefix and state == "present":
-        raise EtcdKeyError("prefix=true is only valid with state=absent or state=get")
-
-    if state == "get":
-        kvs, _rev = gw.get(key, prefix=prefix)
-        if prefix:
-            return {
-                "changed": False,
-                "key": key,
-                "exists": bool(kvs),
-                "kvs": [{"key": kv["key"], "value": kv["value"]} for kv in kvs],
-            }
-        kv = kvs[0] if kvs else None
-        return dict(changed=False, **_single_result(key, kv, kv["value"] if kv else None))
+        raise EtcdKeyError("prefix=true is only valid with state=absent")
 
     if state == "absent":
         return _absent(key, prefix, check_mode, gw)
@@ -314,7 +292,7 @@ def main() -> None:
         key={"type": "str", "required": True, "no_log": False},
         value={"type": "str"},
         json={"type": "raw"},
-        state={"type": "str", "choices": ["present", "absent", "get"], "default": "present"},
+        state={"type": "str", "choices": ["present", "absent"], "default": "present"},
         prefix={"type": "bool", "default": False},
     )
     module = AnsibleModule(

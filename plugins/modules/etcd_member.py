@@ -1,6 +1,7 @@
 #!/usr/bin/python
 # Copyright (c) podnet developers
-# Apache License 2.0 (see galaxy.yml)
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+# SPDX-License-Identifier: GPL-3.0-or-later
 """Ansible module hpc.podnet.etcd_member: etcd cluster membership through the v3 JSON gateway."""
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ description:
     C(initial-cluster-state=existing)) or stopping the removed one is up to the caller (the
     C(hpc.podnet.etcd) role does both).
 author:
-  - podnet developers
+  - podnet developers (@podnet)
 extends_documentation_fragment:
   - hpc.podnet.etcd
 attributes:

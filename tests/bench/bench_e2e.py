@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """podnet's cost on a real Slurm job launch, on a lab deployed by site.yml.
 
 `make bench-e2e` (lab from `make lab`, or PODNET_E2E_LAB). Prints `NAME VALUE UNIT` lines and

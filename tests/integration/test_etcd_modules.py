@@ -34,8 +34,9 @@ def test_key_json_put_idempotent_diff_check(etcd_cluster: Any, run_module: Any) 
     assert res["diff"]["before"] == res["diff"]["after"]
 
     # true is not 1 in JSON
-    res = run_module("etcd_key", kargs(etcd_cluster, key=key, json={**doc, "block_prefix": True}),
-                     check=True)  # fmt: skip
+    res = run_module(
+        "etcd_key", kargs(etcd_cluster, key=key, json={**doc, "block_prefix": True}), check=True
+    )
     assert res["changed"] is True
 
     # check mode with diff: reports, writes nothing
@@ -44,7 +45,7 @@ def test_key_json_put_idempotent_diff_check(etcd_cluster: Any, run_module: Any) 
     assert res["changed"] is True
     assert '"block_prefix": 26' in res["diff"]["before"]
     assert '"block_prefix": 24' in res["diff"]["after"]
-    got = run_module("etcd_key", kargs(etcd_cluster, key=key, state="get"))
+    got = run_module("etcd_key_info", kargs(etcd_cluster, key=key))
     assert got["changed"] is False
     assert got["json"] == doc, "check mode must not write"
 
@@ -54,10 +55,9 @@ def test_key_json_put_idempotent_diff_check(etcd_cluster: Any, run_module: Any) 
     assert res["json"] == changed
     for name in ("m1", "m2", "m3"):
         got = run_module(
-            "etcd_key",
-            {"endpoints": etcd_cluster.endpoints([name]), **etcd_cluster.tls_args(),
-             "key": key, "state": "get"},
-        )  # fmt: skip
+            "etcd_key_info",
+            {"endpoints": etcd_cluster.endpoints([name]), **etcd_cluster.tls_args(), "key": key},
+        )
         assert got["json"] == changed, name
 
 
@@ -83,12 +83,15 @@ def test_key_absent_and_prefix(etcd_cluster: Any, run_module: Any) -> None:
         run_module("etcd_key", kargs(etcd_cluster, key=f"/podnet/it/nodes/n{i}", value=str(i)))
     run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodesX", value="keep"))
 
-    got = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True,
-                                       state="get"))  # fmt: skip
+    got = run_module("etcd_key_info", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True))
     assert [kv["key"] for kv in got["kvs"]] == [f"/podnet/it/nodes/n{i}" for i in range(3)]
 
-    res = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/n0", state="absent"),
-                     check=True, diff=True)  # fmt: skip
+    res = run_module(
+        "etcd_key",
+        kargs(etcd_cluster, key="/podnet/it/nodes/n0", state="absent"),
+        check=True,
+        diff=True,
+    )
     assert res["changed"] is True and res["deleted"] == 1
     assert "/podnet/it/nodes/n0 = 0" in res["diff"]["before"]
     res = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/n0", state="absent"))
@@ -96,13 +99,15 @@ def test_key_absent_and_prefix(etcd_cluster: Any, run_module: Any) -> None:
     res = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/n0", state="absent"))
     assert res["changed"] is False
 
-    res = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True,
-                                       state="absent"))  # fmt: skip
+    res = run_module(
+        "etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True, state="absent")
+    )
     assert res["changed"] is True and res["deleted"] == 2
-    res = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True,
-                                       state="absent"))  # fmt: skip
+    res = run_module(
+        "etcd_key", kargs(etcd_cluster, key="/podnet/it/nodes/", prefix=True, state="absent")
+    )
     assert res["changed"] is False
-    got = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/nodesX", state="get"))
+    got = run_module("etcd_key_info", kargs(etcd_cluster, key="/podnet/it/nodesX"))
     assert got["value"] == "keep", "prefix delete must not touch a sibling key"
 
 
@@ -143,42 +148,46 @@ def test_key_clear_errors(
 ) -> None:
     tls = etcd_cluster.tls_args()
     dead = f"https://127.0.0.1:{free_port()}"
-    res = run_module("etcd_key", {"endpoints": [dead], **tls, "key": "/x", "state": "get",
-                                  "timeout": 2})  # fmt: skip
+    res = run_module("etcd_key_info", {"endpoints": [dead], **tls, "key": "/x", "timeout": 2})
     assert res.get("failed") and "unreachable" in res["msg"] and dead in res["msg"], res
 
     # an unreachable endpoint first, a good one second: works
-    res = run_module("etcd_key", {"endpoints": [dead, *etcd_cluster.endpoints()], **tls,
-                                  "key": "/x", "state": "get"})  # fmt: skip
+    res = run_module(
+        "etcd_key_info", {"endpoints": [dead, *etcd_cluster.endpoints()], **tls, "key": "/x"}
+    )
     assert not res.get("failed"), res
 
     # wrong CA: TLS error
     other = pki_factory(tmp_path / "otherpki")
     res = run_module(
-        "etcd_key",
+        "etcd_key_info",
         {
             "endpoints": etcd_cluster.endpoints()[:1],
             **tls,
             "ca_cert": str(other["ca"]),
             "key": "/x",
-            "state": "get",
         },
     )
     assert res.get("failed") and "TLS error" in res["msg"], res
 
     # no client certificate: etcd refuses the handshake
-    res = run_module("etcd_key", {"endpoints": etcd_cluster.endpoints()[:1],
-                                  "ca_cert": tls["ca_cert"], "client_cert": str(tmp_path / "nope"),
-                                  "client_key": str(tmp_path / "nope"), "key": "/x",
-                                  "state": "get"})  # fmt: skip
+    res = run_module(
+        "etcd_key_info",
+        {
+            "endpoints": etcd_cluster.endpoints()[:1],
+            "ca_cert": tls["ca_cert"],
+            "client_cert": str(tmp_path / "nope"),
+            "client_key": str(tmp_path / "nope"),
+            "key": "/x",
+        },
+    )
     assert res.get("failed"), res
 
     # something that answers but is not etcd
-    res = run_module("etcd_key", {"endpoints": [html_server], **tls, "key": "/x", "state": "get"})
+    res = run_module("etcd_key_info", {"endpoints": [html_server], **tls, "key": "/x"})
     assert res.get("failed") and "not JSON" in res["msg"], res
 
-    res = run_module("etcd_key", {"endpoints": ["127.0.0.1:2379"], **tls, "key": "/x",
-                                  "state": "get"})  # fmt: skip
+    res = run_module("etcd_key_info", {"endpoints": ["127.0.0.1:2379"], **tls, "key": "/x"})
     assert res.get("failed") and "not an http(s) URL" in res["msg"], res
 
 
@@ -189,8 +198,9 @@ def margs(cluster: Any, **kw: Any) -> dict[str, Any]:
 
 def test_member_present_existing_is_noop(etcd_cluster: Any, run_module: Any) -> None:
     m1 = etcd_cluster.members["m1"]
-    res = run_module("etcd_member", margs(etcd_cluster, name="m1", peer_urls=[m1.peer_url]),
-                     diff=True)  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="m1", peer_urls=[m1.peer_url]), diff=True
+    )
     assert res["changed"] is False, res
     assert sorted(m["name"] for m in res["members"]) == ["m1", "m2", "m3"]
     assert res["member"]["client_urls"] == [m1.client_url]
@@ -200,8 +210,9 @@ def test_member_present_existing_is_noop(etcd_cluster: Any, run_module: Any) -> 
 def test_member_update_peer_urls(etcd_cluster: Any, run_module: Any) -> None:
     m1 = etcd_cluster.members["m1"]
     both = [m1.peer_url, f"https://localhost:{m1.peer_port}"]
-    res = run_module("etcd_member", margs(etcd_cluster, name="m1", peer_urls=both), check=True,
-                     diff=True)  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="m1", peer_urls=both), check=True, diff=True
+    )
     assert res["changed"] is True and res["actions"][0].startswith("update m1")
     assert res["diff"]["after"]["peer_urls"] == sorted(both)
     res = run_module("etcd_member", margs(etcd_cluster, name="m1", peer_urls=both))
@@ -215,25 +226,32 @@ def test_member_update_peer_urls(etcd_cluster: Any, run_module: Any) -> None:
 
 def test_member_learner_add_find_remove(etcd_cluster: Any, run_module: Any, free_port: Any) -> None:
     ghost = f"https://127.0.0.1:{free_port()}"
-    res = run_module("etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost],
-                                          learner=True))  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost], learner=True)
+    )
     assert res["changed"] is True and res["member"]["is_learner"] is True, res
     # not started -> no name in etcd, found again by its peer URL
-    res = run_module("etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost],
-                                          learner=True))  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost], learner=True)
+    )
     assert res["changed"] is False, res
     # cannot demote a voter
-    res = run_module("etcd_member", margs(etcd_cluster, name="m2",
-                                          peer_urls=[etcd_cluster.members["m2"].peer_url],
-                                          learner=True))  # fmt: skip
+    res = run_module(
+        "etcd_member",
+        margs(
+            etcd_cluster, name="m2", peer_urls=[etcd_cluster.members["m2"].peer_url], learner=True
+        ),
+    )
     assert res.get("failed") and "cannot demote" in res["msg"]
     # promoting a learner that never started: etcd's own error, reported
-    res = run_module("etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost],
-                                          learner=False))  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost], learner=False)
+    )
     assert res.get("failed") and "learner" in res["msg"], res
     # a learner does not count for quorum: removal is fine
-    res = run_module("etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost],
-                                          state="absent"))  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="ghost", peer_urls=[ghost], state="absent")
+    )
     assert res["changed"] is True, res
     assert sorted(m["name"] for m in res["members"]) == ["m1", "m2", "m3"]
 
@@ -244,13 +262,13 @@ def test_member_remove_refused_without_quorum_and_failed_add(
     before = etcd_cluster.member_names()
     etcd_cluster.stop("m2")
     try:
-        res = run_module("etcd_member", margs(etcd_cluster, name="m3", state="absent",
-                                              timeout=3))  # fmt: skip
+        res = run_module("etcd_member", margs(etcd_cluster, name="m3", state="absent", timeout=3))
         assert res.get("failed"), res
         assert "quorum is 2" in res["msg"] and "m2" in res["msg"] and "force" in res["msg"], res
         # check mode refuses too
-        res = run_module("etcd_member", margs(etcd_cluster, name="m3", state="absent",
-                                              timeout=3), check=True)  # fmt: skip
+        res = run_module(
+            "etcd_member", margs(etcd_cluster, name="m3", state="absent", timeout=3), check=True
+        )
         assert res.get("failed"), res
         # an add that etcd refuses (4 members, 2 started: no quorum) changes nothing
         res = run_module(
@@ -268,8 +286,9 @@ def test_member_remove_and_readd_keeps_data(etcd_cluster: Any, run_module: Any) 
     run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/durable", json={"v": 1}))
     m3 = etcd_cluster.members["m3"]
 
-    res = run_module("etcd_member", margs(etcd_cluster, name="m3", state="absent"), check=True,
-                     diff=True)  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="m3", state="absent"), check=True, diff=True
+    )
     assert res["changed"] is True and len(res["members"]) == 2
     assert res["diff"]["before"]["name"] == "m3" and res["diff"]["after"] == {}
     assert etcd_cluster.member_names() == ["m1", "m2", "m3"], "check mode must not remove"
@@ -288,12 +307,13 @@ def test_member_remove_and_readd_keeps_data(etcd_cluster: Any, run_module: Any) 
     assert res["changed"] is False
 
     # data readable with two members
-    got = run_module("etcd_key", kargs(etcd_cluster, key="/podnet/it/durable", state="get"))
+    got = run_module("etcd_key_info", kargs(etcd_cluster, key="/podnet/it/durable"))
     assert got["json"] == {"v": 1}
 
     # re-add: member add, then a fresh etcd with initial-cluster-state=existing
-    res = run_module("etcd_member", margs(etcd_cluster, name="m3", peer_urls=[m3.peer_url]),
-                     diff=True)  # fmt: skip
+    res = run_module(
+        "etcd_member", margs(etcd_cluster, name="m3", peer_urls=[m3.peer_url]), diff=True
+    )
     assert res["changed"] is True and res["actions"][0].startswith("add m3"), res
     assert res["member"]["name"] == "m3" and len(res["members"]) == 3
     # rerun before it started: found by peer URL, no second add
@@ -304,8 +324,7 @@ def test_member_remove_and_readd_keeps_data(etcd_cluster: Any, run_module: Any) 
     etcd_cluster.wait_healthy(["m1", "m2", "m3"])
     assert etcd_cluster.member_names() == ["m1", "m2", "m3"]
     got = run_module(
-        "etcd_key",
-        {"endpoints": [m3.client_url], **etcd_cluster.tls_args(), "key": "/podnet/it/durable",
-         "state": "get"},
-    )  # fmt: skip
+        "etcd_key_info",
+        {"endpoints": [m3.client_url], **etcd_cluster.tls_args(), "key": "/podnet/it/durable"},
+    )
     assert got["json"] == {"v": 1}, "the re-added member must serve the old data"
