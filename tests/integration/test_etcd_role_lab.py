@@ -104,7 +104,7 @@ def endpoint(host: str) -> str:
 
 def all_healthy(names: list[str]) -> None:
     for n in names:
-        got = module(n, "etcd_key", {"key": KEY, "state": "get", "endpoints": [endpoint(n)], **PKI})
+        got = module(n, "etcd_key_info", {"key": KEY, "endpoints": [endpoint(n)], **PKI})
         assert not got.get("failed"), got
 
 
@@ -128,7 +128,7 @@ def test_shrink_to_one_with_etcd_remove_members(tmp_path: Path) -> None:
         "-e", '{"etcd_remove_members": ["ctl2", "ctl3"]}', inventory=str(tmp_path / "hosts.yml")
     )
     assert recap["ctl"]["failed"] == 0
-    got = module("ctl", "etcd_key", {"key": KEY, "state": "get", **PKI})
+    got = module("ctl", "etcd_key_info", {"key": KEY, **PKI})
     assert got["json"] == {"written": "before"}
     listed = module("ctl", "etcd_member", {"name": "ctl", "peer_urls": ["https://x:1"], **PKI},
                     check=True)  # fmt: skip
@@ -147,7 +147,7 @@ def test_grow_back_to_three_through_joins() -> None:
                     check=True)  # fmt: skip
     assert sorted(m["name"] for m in listed["members"]) == ["ctl", "ctl2", "ctl3"], listed
     all_healthy(["ctl", "ctl2", "ctl3"])
-    got = module("ctl3", "etcd_key", {"key": KEY, "state": "get", "endpoints": [endpoint("ctl3")],
+    got = module("ctl3", "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl3")],
                                       **PKI})  # fmt: skip
     assert got["json"] == {"written": "before"}, "a joined member serves the old data"
     recap = playbook()
@@ -158,11 +158,11 @@ def test_member_removed_with_module_and_readded_by_role() -> None:
     res = module("ctl", "etcd_member", {"name": "ctl3", "state": "absent", **PKI})
     assert res["changed"] is True, res
     shell("ctl3", "systemctl stop etcd; rm -rf /var/lib/etcd/podnet/member")
-    got = module("ctl2", "etcd_key", {"key": KEY, "state": "get", **PKI})
+    got = module("ctl2", "etcd_key_info", {"key": KEY, **PKI})
     assert got["json"] == {"written": "before"}, "two members still serve the data"
     playbook()
     all_healthy(["ctl", "ctl2", "ctl3"])
-    got = module("ctl3", "etcd_key", {"key": KEY, "state": "get", "endpoints": [endpoint("ctl3")],
+    got = module("ctl3", "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl3")],
                                       **PKI})  # fmt: skip
     assert got["json"] == {"written": "before"}
 
