@@ -92,7 +92,13 @@ ALLOC_RUNS = 7
 BASE_UID = 30000
 
 CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: SIGTERM when the bench dies, even by SIGKILL."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def log(msg: str) -> None:
@@ -133,6 +139,14 @@ def ms(seconds: float) -> float:
     return round(seconds * 1000, 2)
 
 
+def unmount_netns(netns_dir: Path) -> None:
+    """Lazily unmount podnetd's pod netns files and their directory (a shared mount)."""
+    if netns_dir.is_dir():
+        for f in netns_dir.iterdir():
+            sh("umount", "-l", str(f), check=False)
+        sh("umount", "-l", str(netns_dir), check=False)
+
+
 class Interrupted(Exception):
     pass
 
@@ -146,6 +160,7 @@ class Bench:
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="pbn-bench-"))
         self.dir.chmod(0o755)
+        (self.dir / "bench.pid").write_text(f"{os.getpid()}\n")
         self.node_dir = self.dir / NODE
         self.socket = str(self.node_dir / "podnetd.sock")
         self.etcd_proc: subprocess.Popen[bytes] | None = None
@@ -167,6 +182,17 @@ class Bench:
         for p in Path("/run/netns").glob("pbnc[0-9]*"):
             sh("ip", "netns", "del", p.name, check=False)
         sh("ip", "link", "del", HOST_VETH, check=False)
+        for d in Path(tempfile.gettempdir()).glob("pbn-bench-*"):
+            if d == self.dir or not d.is_dir():
+                continue
+            try:
+                pid = int((d / "bench.pid").read_text())
+                os.kill(pid, 0)
+                continue  # another live run
+            except (OSError, ValueError):
+                pass
+            unmount_netns(d / NODE / "netns")
+            shutil.rmtree(d, ignore_errors=True)
 
     def underlay(self) -> None:
         sh("ip", "netns", "add", NODE_NETNS)
@@ -220,6 +246,7 @@ class Bench:
             ],
             stdout=logf,
             stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
         self.etcd = Etcd([f"http://127.0.0.1:{port}"], None, None, None, 30.0)
@@ -280,6 +307,7 @@ class Bench:
             stdout=logf,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO / "agent" / "src")},
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
 
@@ -311,11 +339,7 @@ class Bench:
 
     def cleanup(self) -> None:
         self.stop_podnetd()
-        netns_dir = self.node_dir / "netns"
-        if netns_dir.is_dir():
-            for f in netns_dir.iterdir():
-                sh("umount", "-l", str(f), check=False)
-            sh("umount", "-l", str(netns_dir), check=False)  # podnetd made it a shared mount
+        unmount_netns(self.node_dir / "netns")
         for ns in self.cni_netns:
             sh("ip", "netns", "del", ns, check=False)
         sh("ip", "netns", "del", CNI_HOST_NETNS, check=False)
