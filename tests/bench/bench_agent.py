@@ -715,6 +715,7 @@ def main() -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGHUP, _on_signal)
     b = Bench()
+    load_start = os.getloadavg()
     try:
         b.run()
     except BaseException:
@@ -750,7 +751,13 @@ def main() -> int:
                     "alloc_runs": ALLOC_RUNS,
                 },
                 "extra": b.extra,
-                "host": {"cpus": os.cpu_count(), "kernel": os.uname().release},
+                "host": {
+                    "cpus": os.cpu_count(),
+                    "kernel": os.uname().release,
+                    # the machine is shared: figures move with what else runs
+                    "loadavg_1_5_15_start": [round(x, 2) for x in load_start],
+                    "loadavg_1_5_15_end": [round(x, 2) for x in os.getloadavg()],
+                },
                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             },
             indent=2,
