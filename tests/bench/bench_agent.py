@@ -6,8 +6,8 @@ named with the prefix `pbn` (or lives under its own temp dir) and is removed on 
 also when a phase fails or the run is interrupted.
 
 Setup (one "node", as in tests/agent/conftest.py):
-* host veth `pbnv0` 203.0.113.129/28 <-> `ul0` 203.0.113.130/28 in netns `pbn-n1`;
-* etcd on http://203.0.113.129:<free port> (and 127.0.0.1), data in the temp dir,
+* host veth `pbnv0` 198.19.224.1/28 <-> `ul0` 198.19.224.2/28 in netns `pbn-n1`;
+* etcd on http://198.19.224.1:<free port> (and 127.0.0.1), data in the temp dir,
   cluster `bench`, pod CIDR 198.19.128.0/18 (/26 blocks);
 * one real podnetd in `pbn-n1` (node `pbnode1`), pod netns files under the temp dir;
 * the CNI side: netns `pbn-cnih` plays the node (bridge `pbncni0`, 198.19.192.0/20,
@@ -15,8 +15,9 @@ Setup (one "node", as in tests/agent/conftest.py):
   `ip netns add`;
 * fake remote VTEPs (FDB entries only, never sent to) from 198.19.208.0/20; the
   allocation phase runs in-process in its own keyspace (cluster `pbnalloc`).
-All addresses are inside 198.19.128.0/17 and 203.0.113.128/28 (never a range holding
-203.0.113.80, where this machine's package mirrors answer); nothing routes off the host.
+All addresses are inside the bench's 198.19.128.0/17 (RFC 2544 benchmarking space); none is
+in 203.0.113.0/24, where this machine's package mirrors answer (203.0.113.80), and nothing
+routes off the host.
 
 Sizes can be lowered for a smoke run (PODNET_BENCH_PODS, PODNET_BENCH_RSS_PODS,
 PODNET_BENCH_FIRST_POD_SAMPLES); a figure whose sample size is below the issue's
@@ -58,9 +59,10 @@ CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")
 OUT = REPO / "build" / "bench" / "agent.json"
 
 HOST_VETH = "pbnv0"
-HOST_IP = "203.0.113.129"
-NODE_IP = "203.0.113.130"
-UNDERLAY_PREFIX = 28
+UNDERLAY = ipaddress.IPv4Network("198.19.224.0/28")
+HOST_IP = str(UNDERLAY[1])
+NODE_IP = str(UNDERLAY[2])
+UNDERLAY_PREFIX = UNDERLAY.prefixlen
 NODE_NETNS = "pbn-n1"
 NODE = "pbnode1"
 CLUSTER = "bench"
@@ -261,7 +263,7 @@ class Bench:
                 "underlay_mtu": 1500,
                 "vni_min": VNI_MIN,
                 "vni_max": VNI_MAX,
-                "host_cidrs": [f"203.0.113.128/{UNDERLAY_PREFIX}"],
+                "host_cidrs": [str(UNDERLAY)],
                 "dns_servers": [HOST_IP],
                 "search_domains": [],
                 "login_lease_ttl": 30,
@@ -486,7 +488,13 @@ class Bench:
                 jid, dt = self.job_up(user)
                 if s == 0:  # the pod's VXLAN really lists the other VTEPs
                     fdb = sh(*NS, "bridge", "fdb", "show", "dev", vxlan_name(vni)).stdout
-                    got = fdb.count("dst 198.19.2")
+                    dsts = [
+                        w[i + 1]
+                        for w in map(str.split, fdb.splitlines())
+                        for i, t in enumerate(w[:-1])
+                        if t == "dst"
+                    ]
+                    got = sum(ipaddress.IPv4Address(d) in FAKE_VTEPS for d in dsts)
                     if got != n:
                         raise RuntimeError(f"VNI {vni}: {got} FDB entries to fake VTEPs, not {n}")
                 if s > 0:
