@@ -13,6 +13,8 @@ PY          := $(VENV)/bin/python
 export PATH := $(VENV)/bin:/usr/local/go/bin:$(PATH)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 export PODNET_CACHE_DIR := $(CACHE_DIR)
+# this checkout's agent, whatever checkout the shared venv's editable install points to
+export PYTHONPATH := $(ROOT)/agent/src
 
 LAB         := $(ROOT)/tests/lab/lab.sh
 LAB_INV     := $(ROOT)/inventories/lab

@@ -15,7 +15,12 @@ version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"
 out=$cache/artifacts/podnet-wheelhouse-$version
 # pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
 pins=$(grep -E '^(pyroute2|etcd3gw|prometheus-client|PyYAML|requests)==' "$root/requirements-dev.txt" || true)
-inputs=$( { find "$root/agent" -type f \( -name '*.py' -o -name '*.toml' \) -print0 | sort -z | xargs -0 cat;
+# the sources only (never agent/build or other build leftovers): the same sources give the
+# same inputs, and (SOURCE_DATE_EPOCH, built from a clean copy) the same wheel bytes, in any
+# checkout, so the agent role never reinstalls an unchanged podnet
+export SOURCE_DATE_EPOCH=315532800
+inputs=$( { (cd "$root/agent" && find pyproject.toml src -type f \( -name '*.py' -o -name '*.toml' \) \
+              -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat);
             echo "$pins $node_py"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
 mkdir -p "$cache/artifacts"
 if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
@@ -24,7 +29,11 @@ if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
 fi
 tmp=$(mktemp -d "$cache/artifacts/.wheelhouse.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
-"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp" "$root/agent"
+mkdir "$tmp/src"
+(cd "$root/agent" && tar --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml src) \
+    | tar -C "$tmp/src" -xf -
+"$py" -m pip wheel -q --no-deps --no-build-isolation -w "$tmp" "$tmp/src"
+rm -rf "$tmp/src"
 reqs=$tmp/requirements.txt
 {
     echo "$pins"

@@ -644,6 +644,8 @@ class Agent:
     def reconcile(self) -> None:
         """Kernel state versus etcd at start: adopt live pods, remove what has no owner."""
         self._load_sessions()
+        for name in self.dp.remove_stale_files():
+            log.info("reconcile: removed the stale pod file %s", name)
         for name in self.dp.pod_netns_names():
             try:
                 pod = self._adopt(name)

@@ -240,6 +240,17 @@ class Dataplane:
     def pod_exists(self, name: str) -> bool:
         return netns.is_netns(self.netns_path(name))
 
+    def remove_stale_files(self) -> list[str]:
+        """Delete pod files that are not namespaces (an agent killed between creating the
+        file and mounting the namespace on it leaves an empty file)."""
+        stale = []
+        if self.netns_dir.is_dir():
+            for p in self.netns_dir.iterdir():
+                if p.name.startswith("pn-") and not netns.is_netns(p):
+                    netns.remove(p)
+                    stale.append(p.name)
+        return stale
+
     def pod_netns_names(self) -> list[str]:
         if not self.netns_dir.is_dir():
             return []
