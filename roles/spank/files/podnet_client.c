@@ -1017,16 +1017,15 @@ out:
 /* Pod resolver                                                             */
 /* ======================================================================= */
 
-int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
+/* A pod/netns name: one path component of [A-Za-z0-9._-], 1..64 characters,
+ * not "." or "..". what names it in the error ("pod", "netns"). */
+static int check_name(const char *name, const char *what, char *why,
+		      size_t whysz)
 {
-	char src[128];
-	struct stat st;
 	size_t i, n = name ? strlen(name) : 0;
 
-	if (why && whysz)
-		why[0] = '\0';
 	if (n == 0 || n > 64 || !strcmp(name, ".") || !strcmp(name, "..")) {
-		pn_fmt(why, whysz, "bad pod name");
+		pn_fmt(why, whysz, "bad %s name", what);
 		return -1;
 	}
 	for (i = 0; i < n; i++) {
@@ -1034,10 +1033,22 @@ int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
 		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
 		      (c >= '0' && c <= '9') || c == '-' || c == '_' ||
 		      c == '.')) {
-			pn_fmt(why, whysz, "bad character in pod name");
+			pn_fmt(why, whysz, "bad character in %s name", what);
 			return -1;
 		}
 	}
+	return 0;
+}
+
+int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
+{
+	char src[128];
+	struct stat st;
+
+	if (why && whysz)
+		why[0] = '\0';
+	if (check_name(name, "pod", why, whysz) < 0)
+		return -1;
 	snprintf(src, sizeof(src), "/etc/netns/%s/resolv.conf", name);
 	if (lstat(src, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0)
 		return 0; /* no pod resolver: keep the node's */
@@ -1063,8 +1074,6 @@ int pn_open_netns(const char *path, char *why, size_t whysz)
 	const size_t plen = sizeof(PN_NETNS_DIR) - 1;
 	struct stat st;
 	struct statfs sfs;
-	const char *name;
-	size_t i, n;
 	int fd;
 
 	if (why && whysz)
@@ -1073,21 +1082,8 @@ int pn_open_netns(const char *path, char *why, size_t whysz)
 		pn_fmt(why, whysz, "netns path is not under %s", PN_NETNS_DIR);
 		return -1;
 	}
-	name = path + plen;
-	n = strlen(name);
-	if (n == 0 || n > 64 || !strcmp(name, ".") || !strcmp(name, "..")) {
-		pn_fmt(why, whysz, "bad netns name");
+	if (check_name(path + plen, "netns", why, whysz) < 0)
 		return -1;
-	}
-	for (i = 0; i < n; i++) {
-		char c = name[i];
-		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-		      (c >= '0' && c <= '9') || c == '-' || c == '_' ||
-		      c == '.')) {
-			pn_fmt(why, whysz, "bad character in netns name");
-			return -1;
-		}
-	}
 	/* the directory must be root's and not writable by anyone else */
 	if (lstat(PN_NETNS_DIR, &st) < 0) {
 		pn_fmt(why, whysz, "%s: %s", PN_NETNS_DIR, strerror(errno));
