@@ -16,7 +16,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from podnet import __version__, nl
 from podnet.alloc import Allocator, AllocError, Job
@@ -36,6 +36,7 @@ from podnet.names import (
 from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
 
 log = logging.getLogger("podnet.agent")
+T = TypeVar("T")
 
 
 class PodnetError(Exception):
@@ -101,27 +102,19 @@ class Agent:
     # -- components (set by start()) ---------------------------------------------------
     @property
     def cluster(self) -> ClusterConfig:
-        if self._cluster is None:
-            raise RuntimeError("agent not started")
-        return self._cluster
+        return _started(self._cluster)
 
     @property
     def dp(self) -> Dataplane:
-        if self._dp is None:
-            raise RuntimeError("agent not started")
-        return self._dp
+        return _started(self._dp)
 
     @property
     def fw(self) -> Firewall:
-        if self._fw is None:
-            raise RuntimeError("agent not started")
-        return self._fw
+        return _started(self._fw)
 
     @property
     def alloc(self) -> Allocator:
-        if self._alloc is None:
-            raise RuntimeError("agent not started")
-        return self._alloc
+        return _started(self._alloc)
 
     # -- start ---------------------------------------------------------------------------
     def load_cluster_config(self) -> ClusterConfig:
@@ -745,6 +738,13 @@ class Agent:
         self.stop.set()
         if self._dp is not None:
             self._dp.close()
+
+
+def _started(component: T | None) -> T:
+    """A component start() sets up; using it before start() is a programming error."""
+    if component is None:
+        raise RuntimeError("agent not started")
+    return component
 
 
 def _starttime(pid: int) -> int:
