@@ -15,6 +15,8 @@ export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 export PODNET_CACHE_DIR := $(CACHE_DIR)
 # this checkout's agent, whatever checkout the shared venv's editable install points to
 export PYTHONPATH := $(ROOT)/agent/src
+# the etcd the lab nodes run (trixie's, fetched by `make artifacts`): agent tests and bench
+ETCD_ARTIFACT := $(CACHE_DIR)/artifacts/etcd-server/usr/bin/etcd
 
 LAB         := $(ROOT)/tests/lab/lab.sh
 LAB_INV     := $(ROOT)/inventories/lab
@@ -102,7 +104,7 @@ test-lab-harness: deps artifacts
 	$(ROOT)/tests/lab/test-lab.sh
 
 test-agent: deps artifacts
-	$(PY) -m pytest -q $(ROOT)/tests/agent
+	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(PY) -m pytest -q $(ROOT)/tests/agent
 
 test-molecule: deps artifacts
 	mkdir -p $(ROOT)/build/molecule-lab
@@ -112,7 +114,7 @@ test-molecule: deps artifacts
 test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 
 bench-agent: deps artifacts
-	$(PY) $(ROOT)/tests/bench/bench_agent.py
+	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(PY) $(ROOT)/tests/bench/bench_agent.py
 
 # End-to-end tests and benchmark against the lab of `make lab` (PODNET_E2E_LAB=pnlab);
 # make test runs the same tests on the molecule lab (its verify step).

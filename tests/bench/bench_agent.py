@@ -253,6 +253,7 @@ class Bench:
         logf.close()
         self.etcd = Etcd([f"http://127.0.0.1:{port}"], None, None, None, 30.0)
         wait_for(self.etcd.status, 30, "etcd")
+        self.extra["etcd_version"] = str(self.etcd.status().get("version", "?"))
         self.etcd.put(
             self.keys.config,
             {

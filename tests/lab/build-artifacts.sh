@@ -6,6 +6,13 @@
 #
 # CoreDNS: a slim build of tests/lab/coredns (coremain + the plugins podnet
 # needs). Skipped when the binary exists and was built from the same inputs.
+#
+# etcd: the release the lab nodes run (Debian trixie's etcd-server, the etcd
+# role's default package), unpacked into $artifacts/etcd-server-<version>/ with
+# a stable link $artifacts/etcd-server. The host (bookworm) ships 3.4, about
+# twice as slow per transaction operation: the agent tests and benchmark run
+# against the version podnet deploys. Fetched once with apt (signatures
+# checked) from an isolated trixie source list; the host's apt state is not touched.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -60,4 +67,29 @@ build_coredns() {
     echo "coredns: $("$out" -version | tr '\n' ' ')"
 }
 
+fetch_etcd() {
+    local link=$artifacts/etcd-server tmp deb version
+    if [ -x "$link/usr/bin/etcd" ]; then
+        echo "etcd: cached ($("$link/usr/bin/etcd" --version | head -n 1))"
+        return 0
+    fi
+    tmp=$(mktemp -d "$artifacts/.etcd.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
+    echo "deb http://deb.debian.org/debian trixie main" >"$tmp/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
+               -o "Debug::NoLocking=1")
+    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && "${apt[@]}" download etcd-server >"$tmp/download.log" 2>&1) \
+        || { cat "$tmp/download.log" >&2; return 1; }
+    deb=$(ls "$tmp"/deb/etcd-server_*.deb)
+    version=$(dpkg-deb -f "$deb" Version)
+    rm -rf "$artifacts/etcd-server-$version"
+    dpkg-deb -x "$deb" "$artifacts/etcd-server-$version"
+    ln -sfn "etcd-server-$version" "$link"
+    echo "etcd: $("$link/usr/bin/etcd" --version | head -n 1) (Debian $version)"
+}
+
 build_coredns
+fetch_etcd

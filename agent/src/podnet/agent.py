@@ -318,6 +318,12 @@ class Agent:
             self.dp.remove_pod(pod.name, pod.ip)
             raise
 
+    def _unbuild(self, pod: Pod) -> None:
+        """Undo `_build` (a pod that could not be published is not handed out)."""
+        self.dp.remove_pod(pod.name, pod.ip)
+        if pod.veth:
+            self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+
     def _names(self, job: Job, index: int) -> list[str]:
         z = self.cluster.zone
         return [f"pod{index}.{job.label}.{job.user}.{z}", f"pod{index}.{job.job_id}.{job.user}.{z}"]
@@ -361,9 +367,13 @@ class Agent:
             )
             z = self.cluster.zone
             self._build(pod, [f"{job.label}.{user}.{z}", f"{job_id}.{user}.{z}", f"{user}.{z}"])
+            try:
+                self.alloc.publish_pod(job, node_index, self.cfg.node)
+            except Exception:
+                self._unbuild(pod)
+                raise
             with self.lock:
                 self.pods[name] = pod
-            self.etcd.put(job_node_key(self.keys, job_id, self.cfg.node), "1")
         self.setup_seconds.append(time.monotonic() - t0)
         del self.setup_seconds[:-1000]
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
@@ -379,14 +389,7 @@ class Agent:
         existed = self.dp.remove_pod(name, pod.ip if pod else None)
         if pod and pod.veth:
             self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
-        job = self.alloc.get_job(job_id)
-        if job is not None:
-            # the last node to release the job frees its IPs and records (deletes are
-            # linearized: at least one node sees no other node left)
-            self.etcd.delete(job_node_key(self.keys, job_id, self.cfg.node))
-            left, _ = self.etcd.get_prefix(self.keys.prefix(f"jobnodes/{job_id}"), keys_only=True)
-            if not left:
-                self.alloc.release_job(job)
+        self.alloc.leave_job(job_id, self.cfg.node)
         if pod:
             with self._user_lock(pod.uid):
                 self._maybe_remove_user(pod.vni)
@@ -623,7 +626,6 @@ class Agent:
             job = Job.from_json(kv.json(), kv.mod_revision)
             if job.job_id not in live and time.time() - job.created > 60:
                 self.alloc.release_job(job)
-                self.etcd.delete(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True)
                 out.append(job.job_id)
         return out
 
@@ -681,7 +683,7 @@ class Agent:
         i = job.nodes.index(self.cfg.node)
         if not veth or self._pod_ip(name) != job.ips[i]:
             return None  # half-built (the agent died while creating it): rebuild on demand
-        self.etcd.put(job_node_key(self.keys, job.job_id, self.cfg.node), "1")
+        self.alloc.publish_pod(job, i, self.cfg.node)
         return Pod(
             "job",
             name,
@@ -758,7 +760,3 @@ def _starttime(pid: int) -> int:
         return int(data.rsplit(b")", 1)[1].split()[19])
     except (IndexError, ValueError):
         return 0
-
-
-def job_node_key(keys: Keys, job_id: int, node: str) -> str:
-    return keys.root + f"jobnodes/{job_id}/{node}"

@@ -8,7 +8,9 @@ retries with a fresher view (or, for a job, reads what the winner wrote).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -17,12 +19,14 @@ from typing import Any
 from podnet import store
 from podnet.ipam import Ipam, PoolExhausted
 from podnet.names import Keys, dns_label, job_label, ptr_key, zone_path
-from podnet.store import Etcd, cmp_absent, op_delete, op_get, op_put
+from podnet.store import Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
 
 RECORD_TTL = 30
 MAX_ATTEMPTS = 20
+#: larger jobs are read before the allocation transaction is built (see allocate_job)
+READ_FIRST_NODES = 16
 
 
 class AllocError(RuntimeError):
@@ -136,18 +140,23 @@ class Allocator:
     def allocate_job(
         self, job_id: int, user: str, uid: int, name: str, nodes: list[str], vni: int
     ) -> Job:
-        """All IPs + DNS records of a job in one transaction; idempotent.
+        """All IPs of a job, its record and its name in one transaction; idempotent.
 
         Each node's IP comes from that node's address blocks (a new block is claimed in
         the same transaction when a node has no free address), so hosts route a node's
-        pods through that node.
+        pods through that node. The transaction also takes the job name (newest job
+        wins: the previous owner's name records go) and, when it loses because another
+        node allocated the job first, returns that job (one round trip either way). Jobs
+        of more than `READ_FIRST_NODES` nodes are read first, so that their many nodes do
+        not each build and send a large transaction only to learn that it exists. The
+        pods' DNS records are written by each node with its pod (`publish_pod`).
         """
+        read_first = len(nodes) > READ_FIRST_NODES
         for attempt in range(MAX_ATTEMPTS):
-            existing = self.get_job(job_id)
-            if existing:
-                if existing.user != user or existing.nodes != nodes:
-                    raise AllocError(f"job {job_id} already exists for another user or node list")
-                return existing
+            if read_first or attempt:
+                existing = self.get_job(job_id)
+                if existing:
+                    return _same_job(existing, user, nodes)
             job = Job(
                 job_id, user, uid, name, job_label(name), list(nodes), [], vni, created=time.time()
             )
@@ -158,19 +167,14 @@ class Allocator:
             for blk, node in new_blocks:
                 compare.append(cmp_absent(self.keys.block(str(blk))))
                 ops.append(op_put(self.keys.block(str(blk)), {"node": node}))
-            for i, (node, ip) in enumerate(zip(nodes, job.ips, strict=True)):
-                compare.append(cmp_absent(self.keys.ip(ip)))
-                ops.append(
-                    op_put(
-                        self.keys.ip(ip),
-                        {"kind": "job", "job_id": job_id, "node": node, "user": user, "index": i},
-                    )
-                )
+            prefix = self.keys.prefix("ips")
+            for node, ip in zip(nodes, job.ips, strict=True):
+                compare.append(cmp_absent(prefix + ip))
+                ops.append(op_put(prefix + ip, f'{{"job_id":{job_id},"node":{_json_str(node)}}}'))
             ops.append(op_put(self.keys.job(job_id), job.to_json()))
-            ops += self.job_dns_ops(job)
-            # read the job name's previous owner in the same transaction, then take it
-            ops.insert(0, op_get(self.keys.name(user, job.label)))
-            ops.append(op_put(self.keys.name(user, job.label), {"job_id": job_id}))
+            # the job name is this job's now: the previous owner's records go with it
+            ops.append(op_delete(self.name_records(user, job.label), prefix=True))
+            ops.append(op_put(self.keys.name(user, job.label), name_owner(job_id)))
             try:
                 r = self.etcd.txn(compare, ops, [op_get(self.keys.job(job_id))])
             except store.EtcdRequestError:
@@ -180,18 +184,54 @@ class Allocator:
                 self.ipam.mark(job.ips)
                 self.ipam.release_pending(job.ips)
                 job.revision = r.revision
-                previous = r.range_kvs(0)
-                if previous and previous[0].json().get("job_id") != job_id:
-                    self._drop_stale_name_records(job)
                 return job
             self._release(job.ips, new_blocks)
             got = r.range_kvs(0)
-            if got:
-                continue  # another node allocated the job: read it on the next loop
+            if got:  # another node allocated the job
+                return _same_job(Job.from_json(got[0].json(), got[0].mod_revision), user, nodes)
             # lost a race on an IP or a block: refresh the view and retry
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def name_records(self, user: str, label: str) -> str:
+        """SkyDNS prefix of a job name's records (`<label>.<user>.<zone>`)."""
+        return f"{zone_path(self.zone)}/{user}/{label}/"
+
+    def publish_pod(self, job: Job, index: int, node: str) -> None:
+        """One round trip once this node's pod of `job` is built: its DNS records (under
+        the job id, the PTR, and under the job name while the job owns the name) and the
+        node's marker `jobnodes/<id>/<node>`."""
+        ip = job.ips[index]
+        base = f"{zone_path(self.zone)}/{job.user}"
+        rec = {"host": ip, "ttl": RECORD_TTL}
+        ptr = {"host": f"pod{index}.{job.job_id}.{job.user}.{self.zone}", "ttl": RECORD_TTL}
+        common = [
+            op_put(f"{base}/{job.job_id}/pod{index}", rec),
+            op_put(ptr_key(ip), ptr),
+            op_put(self.keys.job_node(job.job_id, node), "1"),
+        ]
+        self.etcd.txn(
+            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
+            [op_put(f"{self.name_records(job.user, job.label)}pod{index}", rec), *common],
+            common,
+        )
+
+    def leave_job(self, job_id: int, node: str) -> None:
+        """This node's pod of the job is gone: drop its marker; the last node to leave
+        releases the job (deletes are linearized: at least one node sees nobody left)."""
+        r = self.etcd.txn(
+            [],
+            [
+                op_delete(self.keys.job_node(job_id, node)),
+                op_count(self.keys.prefix(f"jobnodes/{job_id}")),
+                op_get(self.keys.job(job_id)),
+            ],
+        )
+        if r.range_count(1) == 0:
+            kvs = r.range_kvs(2)
+            if kvs:
+                self.release_job(Job.from_json(kvs[0].json(), kvs[0].mod_revision))
 
     def _pick_ips(
         self, nodes: list[str], new_blocks: list[tuple[ipaddress.IPv4Network, str]]
@@ -228,52 +268,28 @@ class Allocator:
         for blk, _node in new_blocks:
             self.ipam.set_block(blk, None)
 
-    def _drop_stale_name_records(self, job: Job) -> None:
-        """The job name now points at this job only (an older job's extra pods go)."""
-        base = f"{zone_path(self.zone)}/{job.user}/{job.label}/"
-        mine = {f"{base}pod{i}" for i in range(len(job.ips))}
-        kvs, _ = self.etcd.get_prefix(base, keys_only=True)
-        stale = [op_delete(kv.key) for kv in kvs if kv.key not in mine]
-        if stale:
-            self.etcd.put_many(stale)
-
-    def job_dns_ops(self, job: Job) -> list[dict[str, Any]]:
-        base = zone_path(self.zone) + f"/{job.user}"
-        ops = []
-        for i, ip in enumerate(job.ips):
-            rec = {"host": ip, "ttl": RECORD_TTL}
-            ops.append(op_put(f"{base}/{job.label}/pod{i}", rec))
-            ops.append(op_put(f"{base}/{job.job_id}/pod{i}", rec))
-            ops.append(
-                op_put(
-                    ptr_key(ip),
-                    {"host": f"pod{i}.{job.job_id}.{job.user}.{self.zone}", "ttl": RECORD_TTL},
-                )
-            )
-        return ops
-
     def release_job(self, job: Job) -> None:
-        """Delete a job, its IPs and its DNS records (the name only if still ours)."""
+        """Delete a job, its IPs, markers and DNS records (the name only if still ours)."""
         base = zone_path(self.zone) + f"/{job.user}"
-        ops = [op_delete(self.keys.job(job.job_id))]
+        ops = [
+            op_delete(self.keys.job(job.job_id)),
+            op_delete(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True),
+            op_delete(f"{base}/{job.job_id}/", prefix=True),
+        ]
         for ip in job.ips:
             ops.append(op_delete(self.keys.ip(ip)))
             ops.append(op_delete(ptr_key(ip)))
-        ops.append(op_delete(f"{base}/{job.job_id}/", prefix=True))
-        self.etcd.put_many(ops)
-        # the job-name records belong to the newest live job with that name
         name_key = self.keys.name(job.user, job.label)
-        self.etcd.txn(
-            [
-                {
-                    "key": store.b64(name_key),
-                    "target": "VALUE",
-                    "result": "EQUAL",
-                    "value": store.b64(store.json_dumps({"job_id": job.job_id})),
-                }
-            ],
-            [op_delete(name_key), op_delete(f"{base}/{job.label}/", prefix=True)],
-        )
+        # the job-name records belong to the newest live job with that name
+        name_ops = [op_delete(name_key), op_delete(self.name_records(job.user, job.label), True)]
+        owner = [cmp_value(name_key, name_owner(job.job_id))]
+        if len(ops) + len(name_ops) <= self.etcd.max_txn_ops:
+            with contextlib.suppress(store.EtcdRequestError):  # too many ops: in batches
+                self.etcd.txn(owner, ops + name_ops, ops)
+                self.ipam.mark(job.ips, used=False)
+                return
+        self.etcd.put_many(ops)
+        self.etcd.txn(owner, name_ops)
         self.ipam.mark(job.ips, used=False)
 
     # -- logins ------------------------------------------------------------------------
@@ -339,6 +355,21 @@ class Allocator:
             ]
         )
         self.ipam.mark([ip], used=False)
+
+
+def name_owner(job_id: int) -> str:
+    """Value of `names/<user>/<label>`: the job that owns the name (compared verbatim)."""
+    return f'{{"job_id":{job_id}}}'
+
+
+def _same_job(job: Job, user: str, nodes: list[str]) -> Job:
+    if job.user != user or job.nodes != nodes:
+        raise AllocError(f"job {job.job_id} already exists for another user or node list")
+    return job
+
+
+def _json_str(s: str) -> str:
+    return json.dumps(s)
 
 
 def _label(node: str) -> str:

@@ -120,6 +120,9 @@ class Keys:
     def login(self, node: str, user: str) -> str:
         return f"{self.root}logins/{node}/{user}"
 
+    def job_node(self, job_id: int, node: str) -> str:
+        return f"{self.root}jobnodes/{job_id}/{node}"
+
     def vtep(self, vni: int, node: str) -> str:
         return f"{self.root}vteps/{vni}/{node}"
 

@@ -101,6 +101,22 @@ def op_get(key: str, prefix: bool = False) -> dict[str, Any]:
     return {"request_range": req}
 
 
+def op_count(prefix: str) -> dict[str, Any]:
+    """Count the keys under `prefix` (read with `TxnResult.range_count`)."""
+    return {
+        "request_range": {
+            "key": b64(prefix),
+            "range_end": _range_end_b64(prefix),
+            "count_only": True,
+        }
+    }
+
+
+def cmp_value(key: str, value: str) -> dict[str, Any]:
+    """The key exists and holds exactly `value`."""
+    return {"key": b64(key), "target": "VALUE", "result": "EQUAL", "value": b64(value)}
+
+
 def cmp_absent(key: str) -> dict[str, Any]:
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
@@ -118,6 +134,9 @@ class TxnResult:
     def range_kvs(self, i: int) -> list[KV]:
         r = self.responses[i].get("response_range", {})
         return [_kv(k) for k in r.get("kvs", [])]
+
+    def range_count(self, i: int) -> int:
+        return int(self.responses[i].get("response_range", {}).get("count", 0))
 
 
 class Etcd:
