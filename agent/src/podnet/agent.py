@@ -14,6 +14,7 @@ import pwd
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from typing import Any, TypeVar
 from podnet import __version__, nl
 from podnet.alloc import Allocator, AllocError, Job
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
-from podnet.dataplane import Dataplane, PodSpec
+from podnet.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
 from podnet.names import (
@@ -98,6 +99,8 @@ class Agent:
         self.pending_sync: set[str | int] = set()
         self.user_vnis: dict[str, int] = {}  # a user's VNI never changes
         self.registered_vteps: set[int] = set()
+        # etcd round trips that overlap with netlink work (job_up)
+        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="etcd")
 
     # -- components (set by start()) ---------------------------------------------------
     @property
@@ -305,13 +308,15 @@ class Agent:
         self.dp.remove_user(vni)
 
     # -- pods ----------------------------------------------------------------------------
-    def _build(self, pod: Pod, search: list[str]) -> None:
+    def _build(self, pod: Pod, search: list[str], ns: NewNetns | None = None) -> None:
         cc = self.cluster
         bri = self.dp.user_bridge(pod.vni)
         if bri is None:
             bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
-        pod.veth = self.dp.create_pod(spec, bri, search + cc.search_domains, cc.dns_servers)
+        if ns is None:
+            ns = self.dp.new_netns(pod.name)
+        pod.veth = self.dp.wire_pod(ns, spec, bri, search + cc.search_domains, cc.dns_servers)
         try:
             self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         except Exception:
@@ -346,12 +351,24 @@ class Agent:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
                 return pod
             vni, _bri = self._ensure_user_net(user, uid)
+            # the allocation travels to etcd while this thread creates the empty netns
+            allocating = self.pool.submit(
+                self.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni
+            )
             try:
-                job = self.alloc.allocate_job(job_id, user, uid, job_name, nodes, vni)
-            except AllocError as e:
-                raise PodnetError("EINVAL", str(e)) from None
-            if job.user != user:
-                raise PodnetError("EPERM", f"job {job_id} belongs to another user")
+                ns = self.dp.new_netns(name)
+            except BaseException:
+                wait([allocating])
+                raise
+            try:
+                job = allocating.result()
+                if job.user != user:
+                    raise PodnetError("EPERM", f"job {job_id} belongs to another user")
+            except BaseException as e:
+                self.dp.discard(ns)
+                if isinstance(e, AllocError):
+                    raise PodnetError("EINVAL", str(e)) from None
+                raise
             pod = Pod(
                 "job",
                 name,
@@ -366,10 +383,20 @@ class Agent:
                 self._names(job, node_index),
             )
             z = self.cluster.zone
-            self._build(pod, [f"{job.label}.{user}.{z}", f"{job_id}.{user}.{z}", f"{user}.{z}"])
+            # the pod's records and marker travel to etcd while this thread wires the pod
+            publishing = self.pool.submit(self.alloc.publish_pod, job, node_index, self.cfg.node)
+            search = [f"{job.label}.{user}.{z}", f"{job_id}.{user}.{z}", f"{user}.{z}"]
             try:
-                self.alloc.publish_pod(job, node_index, self.cfg.node)
-            except Exception:
+                self._build(pod, search, ns)
+            except BaseException:
+                wait([publishing])
+                if publishing.exception() is None:
+                    with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+                        self.alloc.unpublish_pod(job, node_index, self.cfg.node)
+                raise
+            try:
+                publishing.result()
+            except BaseException:
                 self._unbuild(pod)
                 raise
             with self.lock:
@@ -738,6 +765,7 @@ class Agent:
 
     def shutdown(self) -> None:
         self.stop.set()
+        self.pool.shutdown(wait=False)
         if self._dp is not None:
             self._dp.close()
 

@@ -217,6 +217,19 @@ class Allocator:
             common,
         )
 
+    def unpublish_pod(self, job: Job, index: int, node: str) -> None:
+        """Undo `publish_pod` (this node's pod could not be built)."""
+        common = [
+            op_delete(f"{zone_path(self.zone)}/{job.user}/{job.job_id}/pod{index}"),
+            op_delete(ptr_key(job.ips[index])),
+            op_delete(self.keys.job_node(job.job_id, node)),
+        ]
+        self.etcd.txn(
+            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
+            [op_delete(f"{self.name_records(job.user, job.label)}pod{index}"), *common],
+            common,
+        )
+
     def leave_job(self, job_id: int, node: str) -> None:
         """This node's pod of the job is gone: drop its marker; the last node to leave
         releases the job (deletes are linearized: at least one node sees nobody left)."""

@@ -44,6 +44,14 @@ class PodSpec:
     gateway_ip: str
 
 
+@dataclass
+class NewNetns:
+    """A pod netns just created, with a netlink socket opened inside it."""
+
+    name: str
+    nl: nl.Netlink
+
+
 class Dataplane:
     def __init__(
         self,
@@ -166,9 +174,11 @@ class Dataplane:
         self, spec: PodSpec, bridge_index: int, search: list[str], dns_servers: list[str]
     ) -> str:
         """Create the pod; returns the host-side veth name. Raises if it exists already."""
-        path = self.netns_path(spec.name)
-        veth = new_veth_name()
-        mac = nl.mac_for_ip(spec.ip)
+        return self.wire_pod(self.new_netns(spec.name), spec, bridge_index, search, dns_servers)
+
+    def new_netns(self, name: str) -> NewNetns:
+        """First half of `create_pod`: the pod's empty netns (needs no address yet, so
+        podnetd creates it while the allocation is on its way to etcd)."""
 
         def inside() -> nl.Netlink:
             sock = nl.Netlink()
@@ -177,7 +187,26 @@ class Dataplane:
                 netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
             return sock
 
-        pod_nl = self.host.create(path, inside)
+        return NewNetns(name, self.host.create(self.netns_path(name), inside))
+
+    def discard(self, ns: NewNetns) -> None:
+        """Undo `new_netns` (the allocation failed)."""
+        ns.nl.close()
+        self.remove_pod(ns.name, None)
+
+    def wire_pod(
+        self,
+        ns: NewNetns,
+        spec: PodSpec,
+        bridge_index: int,
+        search: list[str],
+        dns_servers: list[str],
+    ) -> str:
+        """Second half of `create_pod`: veth, addresses, routes, resolv.conf."""
+        path = self.netns_path(spec.name)
+        veth = new_veth_name()
+        mac = nl.mac_for_ip(spec.ip)
+        pod_nl = ns.nl
         try:
             fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -217,8 +246,12 @@ class Dataplane:
         lines += [f"nameserver {s}" for s in servers]
         lines.append("options ndots:2 timeout:2 attempts:2")
         tmp = d / "resolv.conf.tmp"
-        tmp.write_text("\n".join(lines) + "\n")
-        tmp.chmod(0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.fchmod(fd, 0o644)  # whatever the umask
+            os.write(fd, ("\n".join(lines) + "\n").encode())
+        finally:
+            os.close(fd)
         tmp.replace(d / "resolv.conf")
 
     def remove_pod(self, name: str, ip: str | None) -> bool:
