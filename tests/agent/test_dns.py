@@ -69,3 +69,15 @@ def test_pod_names_job_name_and_ptr(cluster: dict[str, Node], coredns: int) -> N
     assert dig(coredns, "my-sim-2.alice.t") == [newer["ip"]]
     n1.call("job_down", job_id=702)
     assert dig(coredns, "my-sim-2.alice.t") == []
+    # a node of an older job that comes up after a newer job took the name publishes its
+    # pod under the job id only (the name's records are the newer job's)
+    old0 = job_up(n1, 703, "alice", 2001, "late", ["n1", "n2"])
+    new0 = job_up(n1, 704, "alice", 2001, "late", ["n1"])
+    old1 = job_up(n2, 703, "alice", 2001, "late", ["n1", "n2"])
+    assert dig(coredns, "late.alice.t") == [new0["ip"]]
+    assert dig(coredns, "pod1.late.alice.t") == []
+    assert dig(coredns, "pod1.703.alice.t") == [old1["ip"]]
+    assert dig(coredns, "pod0.703.alice.t") == [old0["ip"]]
+    for n, j in ((n1, 703), (n2, 703), (n1, 704)):
+        n.call("job_down", job_id=j)
+    assert dig(coredns, "late.alice.t") == []
