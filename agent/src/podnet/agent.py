@@ -100,7 +100,7 @@ class Agent:
         self.user_vnis: dict[str, int] = {}  # a user's VNI never changes
         self.registered_vteps: set[int] = set()
         # etcd round trips that overlap with netlink work (job_up)
-        self.pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="etcd")
+        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
 
     # -- components (set by start()) ---------------------------------------------------
     @property
@@ -310,13 +310,13 @@ class Agent:
     # -- pods ----------------------------------------------------------------------------
     def _build(self, pod: Pod, search: list[str], ns: NewNetns | None = None) -> None:
         cc = self.cluster
-        bri = self.dp.user_bridge(pod.vni)
-        if bri is None:
-            bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
-        spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         if ns is None:
-            ns = self.dp.new_netns(pod.name)
-        pod.veth = self.dp.wire_pod(ns, spec, bri, search + cc.search_domains, cc.dns_servers)
+            bri = self.dp.user_bridge(pod.vni)
+            if bri is None:
+                bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
+            ns = self.dp.new_netns(pod.name, bri, cc.pod_mtu)
+        spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
+        pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
         try:
             self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         except Exception:
@@ -350,13 +350,13 @@ class Agent:
                 if pod.user != user:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
                 return pod
-            vni, _bri = self._ensure_user_net(user, uid)
+            vni, bri = self._ensure_user_net(user, uid)
             # the allocation travels to etcd while this thread creates the empty netns
             allocating = self.pool.submit(
                 self.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni
             )
             try:
-                ns = self.dp.new_netns(name)
+                ns = self.dp.new_netns(name, bri, self.cluster.pod_mtu)
             except BaseException:
                 wait([allocating])
                 raise

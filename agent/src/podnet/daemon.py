@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
 import logging
 import os
 import signal
@@ -19,6 +21,20 @@ from podnet.server import Handler, Server
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnetd")
+
+
+M_ARENA_MAX = -8
+
+
+def limit_malloc_arenas(arenas: int = 2) -> None:
+    """glibc gives each thread that allocates its own malloc arena (up to 8 per CPU); a
+    daemon of short-lived connection threads and a few workers only pays RSS for them
+    (the Python heap is shared anyway). Best effort: other libcs are left alone."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(M_ARENA_MAX, arenas)
+    except (OSError, AttributeError):
+        pass
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=getattr(logging, cfg.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
     )
+    limit_malloc_arenas()
     agent = Agent(cfg)
     try:
         agent.start()

@@ -44,12 +44,20 @@ class PodSpec:
     gateway_ip: str
 
 
+#: MAC of a pod's eth0 until its address is known (the link is down meanwhile)
+PLACEHOLDER_MAC = "02:50:6e:ff:ff:fe"
+
+
 @dataclass
 class NewNetns:
     """A pod netns just created, with a netlink socket opened inside it."""
 
     name: str
     nl: nl.Netlink
+    veth: str  # host end, in the user's bridge
+    eth0: int  # pod end (index inside the pod)
+    lo: int
+    bridge: int
 
 
 class Dataplane:
@@ -174,11 +182,14 @@ class Dataplane:
         self, spec: PodSpec, bridge_index: int, search: list[str], dns_servers: list[str]
     ) -> str:
         """Create the pod; returns the host-side veth name. Raises if it exists already."""
-        return self.wire_pod(self.new_netns(spec.name), spec, bridge_index, search, dns_servers)
+        ns = self.new_netns(spec.name, bridge_index, spec.mtu)
+        return self.wire_pod(ns, spec, search, dns_servers)
 
-    def new_netns(self, name: str) -> NewNetns:
-        """First half of `create_pod`: the pod's empty netns (needs no address yet, so
-        podnetd creates it while the allocation is on its way to etcd)."""
+    def new_netns(self, name: str, bridge_index: int, mtu: int) -> NewNetns:
+        """First half of `create_pod`, which needs no address yet (podnetd runs it while
+        the allocation is on its way to etcd): the pod's netns, and a veth whose host end
+        is up in the user's bridge and whose pod end `eth0` is down, with a placeholder MAC
+        (the real one derives from the address)."""
 
         def inside() -> nl.Netlink:
             sock = nl.Netlink()
@@ -187,7 +198,22 @@ class Dataplane:
                 netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
             return sock
 
-        return NewNetns(name, self.host.create(self.netns_path(name), inside))
+        path = self.netns_path(name)
+        pod_nl = self.host.create(path, inside)
+        veth = new_veth_name()
+        try:
+            fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.nl().batch([nl.veth(veth, "eth0", fd, mtu, bridge_index, PLACEHOLDER_MAC)])
+            finally:
+                os.close(fd)
+            plinks = nl.links(pod_nl)
+            eth0, lo = int(plinks["eth0"]["index"]), int(plinks["lo"]["index"])
+            return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index)
+        except BaseException:
+            pod_nl.close()
+            self.remove_pod(name, None)
+            raise
 
     def discard(self, ns: NewNetns) -> None:
         """Undo `new_netns` (the allocation failed)."""
@@ -195,47 +221,31 @@ class Dataplane:
         self.remove_pod(ns.name, None)
 
     def wire_pod(
-        self,
-        ns: NewNetns,
-        spec: PodSpec,
-        bridge_index: int,
-        search: list[str],
-        dns_servers: list[str],
+        self, ns: NewNetns, spec: PodSpec, search: list[str], dns_servers: list[str]
     ) -> str:
-        """Second half of `create_pod`: veth, addresses, routes, resolv.conf."""
-        path = self.netns_path(spec.name)
-        veth = new_veth_name()
-        mac = nl.mac_for_ip(spec.ip)
-        pod_nl = ns.nl
+        """Second half of `create_pod`: MAC, address, routes, resolv.conf; returns the
+        host-side veth name."""
         try:
-            fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                self.nl().batch([nl.veth(veth, "eth0", fd, spec.mtu, bridge_index, mac)])
-            finally:
-                os.close(fd)
-            plinks = nl.links(pod_nl)
-            eth0 = int(plinks["eth0"]["index"])
-            lo = int(plinks["lo"]["index"])
-            pod_nl.batch(
+            ns.nl.batch(
                 [
-                    nl.link_up(lo),
-                    nl.addr(eth0, spec.ip, spec.prefix),
-                    nl.link_up(eth0),
-                    nl.neigh(eth0, spec.gateway_ip, GATEWAY_MAC),
-                    nl.route(spec.gateway_ip, 32, oif=eth0, scope=nl.RT_SCOPE_LINK),
-                    nl.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=eth0),
+                    nl.link_up(ns.lo),
+                    nl.addr(ns.eth0, spec.ip, spec.prefix),
+                    nl.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
+                    nl.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
+                    nl.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
+                    nl.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
                 ]
             )
             self.nl().batch(
-                [nl.route(spec.ip, 32, oif=bridge_index, scope=nl.RT_SCOPE_LINK, replace=True)]
+                [nl.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
             )
             self.write_resolv(spec.name, search, dns_servers)
         except BaseException:
-            pod_nl.close()
+            ns.nl.close()
             self.remove_pod(spec.name, spec.ip)
             raise
-        pod_nl.close()
-        return veth
+        ns.nl.close()
+        return ns.veth
 
     def write_resolv(self, name: str, search: list[str], servers: list[str]) -> None:
         d = self.resolv_dir / name

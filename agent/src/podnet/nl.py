@@ -218,6 +218,16 @@ def link_up(index: int) -> Request:
     return Request(m, RTM_NEWLINK, _SET, f"link {index} up")
 
 
+def link_up_with_mac(index: int, mac: str) -> Request:
+    """Set a link's MAC address and bring it up (one request)."""
+    m = ifinfmsg()
+    m["index"] = index
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    m["attrs"] = [("IFLA_ADDRESS", mac)]
+    return Request(m, RTM_NEWLINK, _SET, f"link {index} mac {mac} up")
+
+
 def veth(
     host_name: str, peer_name: str, netns_fd: int, mtu: int, master: int, peer_mac: str
 ) -> Request:
