@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ipaddress
+import os
+import re
 import time
 from typing import Any
 
@@ -123,6 +125,41 @@ def test_job_end_removes_pods_ips_and_records() -> None:
     assert not etcdctl(f"get --prefix /skydns/{CLUSTER}/carol/{job}/").strip()
     for n in ("c1", "c2"):
         assert f"pn-j{job}" not in ssh(n, "ls /run/netns").stdout
+
+
+OPT_OUT_PROBE = "echo JOB=$SLURM_JOB_ID; podnet --json pods; ip -4 -o addr show scope global"
+
+
+def _opted_out(out: str) -> None:
+    """The step saw no pod of its job on its node and ran on the node's own network."""
+    job = int(re.findall(r"JOB=(\d+)", out)[0])
+    assert not re.search(rf'"job_id":\s*{job}\b', out), f"job {job} got a pod:\n{out}"
+    addrs = re.findall(r"inet (\S+)/", out)
+    assert addrs, out
+    assert not any(ipaddress.ip_address(a) in ipaddress.ip_network(POD_CIDR) for a in addrs), out
+    for n in ("c1", "c2"):
+        assert f"pn-j{job}" not in ssh(n, "ls /run/netns").stdout
+
+
+def test_opt_out_gets_no_pod_with_srun_and_sbatch() -> None:
+    """`--podnet=no` (the lab allows it): no pod, also not in the extern step."""
+    out = ssh(
+        "login",
+        f"cd /tmp && runuser -u alice -- srun --podnet=no -N2 -w c1,c2 -t 1 "
+        f"sh -c '{OPT_OUT_PROBE}'",
+        timeout=120,
+    ).stdout
+    _opted_out(out)
+    name = f"e2eoptout{os.getpid()}"
+    job = int(
+        ssh(
+            "login",
+            f"cd /tmp && runuser -u alice -- sbatch --parsable --podnet=no -J {name} -w c1 -N1 "
+            f"-t 1 -o /tmp/{name}.out --wrap '{OPT_OUT_PROBE}'",
+        ).stdout.strip()
+    )
+    wait_for(lambda: not ssh("login", f"squeue -h -j {job}", check=False).stdout.strip(), 60)
+    _opted_out(ssh("c1", f"cat /tmp/{name}.out").stdout)
 
 
 def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(

@@ -10,7 +10,9 @@
  *                                    task_init_privileged: verify the task is in
  *                                    the pod, or fail it with a readable message
  *   job_prolog (root)                --podnet=no: leave a marker for the
- *                                    extern step (which cannot see options)
+ *                                    extern step (which cannot see options);
+ *                                    run by slurmd only if the plugin was in
+ *                                    its plugstack when slurmd started
  *   job_epilog (root)                job_down (idempotent safety net)
  *   sbatch/salloc/srun               --podnet=yes|no (no only if allowed)
  *
@@ -641,10 +643,9 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	uint32_t job_id = 0;
 	char *arg = NULL;
 
-	(void) ac;
-	(void) av;
-	/* never fail: a failing prolog drains the node */
-	if (!cfg.allow_opt_out ||
+	/* never fail: a failing prolog drains the node. slurm_spank_init is
+	 * not called in this context: the plugstack arguments are read here */
+	if (parse_args(ac, av) < 0 || !cfg.allow_opt_out ||
 	    spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || !job_id)
 		return 0;
 	if (spank_option_getopt(sp, &podnet_option, &arg) == ESPANK_SUCCESS &&
@@ -657,9 +658,9 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 {
 	uint32_t job_id = 0;
 
-	(void) ac;
-	(void) av;
-	/* never fail: a failing epilog drains the node */
+	/* never fail: a failing epilog drains the node (arguments: see
+	 * slurm_spank_job_prolog; the defaults serve if they are bad) */
+	(void) parse_args(ac, av);
 	if (spank_get_item(sp, S_JOB_ID, &job_id) == ESPANK_SUCCESS && job_id) {
 		release(job_id);
 		opt_out_clear(job_id);
