@@ -3,7 +3,8 @@
 `make bench-e2e` (lab from `make lab`, or PODNET_E2E_LAB). Prints `NAME VALUE UNIT` lines and
 writes build/bench/e2e.json:
 
-* srun_n2_true_with_podnet / _without_podnet ms: `srun -N2 true` timed on the login node,
+* srun_n2_true_with_podnet / _without_podnet ms: `srun -N2 true` timed on the login node
+  from idle nodes (the previous job fully completed, its pods released),
   alternating with and without `--podnet=no` (the lab allows opting out), medians;
 * srun_overhead ms: the difference of the medians;
 * spank_pod_ready_p50 / _p99 ms: per node, from the SPANK plugin's own log line
@@ -59,6 +60,9 @@ cd /tmp
 for i in $(seq {RUNS}); do
   for mode in with without; do
     opt=; [ $mode = without ] && opt=--podnet=no
+    # start from idle nodes: a job still completing (its pod being released) would
+    # otherwise delay the next run, whichever its mode
+    until [ "$(sinfo -h -n c1,c2 -o %T | sort -u)" = idle ]; do sleep 0.02; done
     t0=$(date +%s%N)
     runuser -u alice -- srun $opt -N2 -w c1,c2 -t 1 true || exit 1
     t1=$(date +%s%N)
