@@ -175,7 +175,15 @@ def etcd(workdir: Path, underlay: str) -> Iterator[EtcdServer]:
 class Node:
     """One "node": a netns with an underlay address, running a real podnetd."""
 
-    def __init__(self, i: int, workdir: Path, etcd: EtcdServer, *, start: bool = True) -> None:
+    def __init__(
+        self,
+        i: int,
+        workdir: Path,
+        etcd: EtcdServer,
+        *,
+        start: bool = True,
+        settings: dict[str, Any] | None = None,
+    ) -> None:
         self.i = i
         self.name = f"n{i}"
         self.netns = f"pat-n{i}"
@@ -203,6 +211,7 @@ class Node:
                     "gc_interval": 0.5,
                     "job_source": ["sh", "-c", f"seq 1 99999 | grep -vxF -f {self.jobs_file}"],
                     "log_level": "debug",
+                    **(settings or {}),
                 }
             )
         )

@@ -102,3 +102,30 @@ def test_job_down_removes_pod_and_records(cluster: dict[str, Node], etcd: Any) -
     links = n1.ns("ip", "-o", "link").stdout
     assert p1["ip"] not in sh("ip", "netns", "exec", n1.netns, "ip", "route").stdout
     del links
+
+
+def test_user_network_lingers_after_last_pod_then_goes(workdir: Path, etcd: Any) -> None:
+    """A user's bridge, VXLAN and VTEP outlive their last pod by `user_net_linger`: the
+    next job reuses them; then they go (and the VTEP key with them)."""
+    node = Node(9, workdir, etcd, settings={"user_net_linger": 3})
+    try:
+        job_up(node, 9101, "dave", 2004, "l1", ["n9"])
+        vni = etcd.client.get_json("/podnet/t/users/dave")["vni"]
+        vtep = f"/podnet/t/vteps/{vni}/n9"
+
+        def bridge() -> str:
+            r = node.ns("ip", "-o", "link", "show", f"pnbr{vni}", check=False)
+            return r.stdout.split(":")[0] if r.returncode == 0 else ""
+
+        first = bridge()
+        assert first and etcd.client.get(vtep) is not None
+        node.call("job_down", job_id=9101)
+        assert bridge() == first  # lingers
+        job_up(node, 9102, "dave", 2004, "l2", ["n9"])
+        assert bridge() == first  # reused, not rebuilt
+        node.call("job_down", job_id=9102)
+        wait_for(lambda: bridge() == "", 20)
+        assert node.ns("ip", "link", "show", f"pnvx{vni}", check=False).returncode != 0
+        assert etcd.client.get(vtep) is None
+    finally:
+        node.teardown()

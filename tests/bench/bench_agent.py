@@ -291,6 +291,9 @@ class Bench:
                     # every job id the bench uses is live; no GC pass during the run
                     "job_source": ["seq", "1", "200000"],
                     "gc_interval": 3600,
+                    # user_first_pod_* measure a user's first pod, bridge and VXLAN
+                    # included: each sample's user network goes with its pod
+                    "user_net_linger": 0,
                     "log_level": "warning",
                 }
             )

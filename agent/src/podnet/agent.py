@@ -99,6 +99,7 @@ class Agent:
         self.pending_sync: set[str | int] = set()
         self.user_vnis: dict[str, int] = {}  # a user's VNI never changes
         self.registered_vteps: set[int] = set()
+        self.idle_user_nets: dict[int, tuple[float, int]] = {}  # vni -> (last pod gone, uid)
         # etcd round trips that overlap with netlink work (job_up)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
 
@@ -166,7 +167,14 @@ class Agent:
             self.etcd.watch_prefix(
                 self.keys.prefix(prefix), rev, self._on_event, self._resync, self.stop
             )
-        for target in (self._keepalive_loop, self._sync_loop, self._session_loop, self._gc_loop):
+        loops = (
+            self._keepalive_loop,
+            self._sync_loop,
+            self._session_loop,
+            self._gc_loop,
+            self._linger_loop,
+        )
+        for target in loops:
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
 
     def register_node(self) -> None:
@@ -290,6 +298,8 @@ class Agent:
     def _ensure_user_net(self, user: str, uid: int) -> tuple[int, int]:
         """(vni, bridge index): the user's VNI, bridge, VXLAN and VTEP registration."""
         vni = self._vni(user, uid)
+        with self.lock:
+            self.idle_user_nets.pop(vni, None)
         if vni not in self.registered_vteps:
             self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
             self.registered_vteps.add(vni)
@@ -298,14 +308,54 @@ class Agent:
             bri = self.dp.ensure_user(vni, self.cluster.gateway_ip, self.vteps_of(vni))
         return vni, bri
 
-    def _maybe_remove_user(self, vni: int) -> None:
+    def _maybe_remove_user(self, vni: int, uid: int) -> None:
+        """The user's last pod here is gone: their bridge, VXLAN and VTEP stay for
+        `user_net_linger` seconds (a user running short jobs one after the other pays
+        for them once, not per job), then `_linger_loop` removes them. Called with the
+        user's lock held."""
         with self.lock:
             if any(p.vni == vni for p in self.pods.values()):
                 return
+            if self.cfg.user_net_linger > 0:
+                self.idle_user_nets.setdefault(vni, (time.monotonic(), uid))
+                return
+        self._remove_user_net(vni)
+
+    def _remove_user_net(self, vni: int) -> None:
         with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
             self.etcd.delete(self.keys.vtep(vni, self.cfg.node))
         self.registered_vteps.discard(vni)
         self.dp.remove_user(vni)
+
+    def remove_idle_user_nets(self, now: float) -> list[int]:
+        """Remove the user networks idle for `user_net_linger` seconds, each under its
+        user's lock (a pod being built keeps its bridge); returns their VNIs."""
+        linger = self.cfg.user_net_linger
+        with self.lock:
+            due = [(v, uid) for v, (t, uid) in self.idle_user_nets.items() if now - t >= linger]
+        done = []
+        for vni, uid in due:
+            with self._user_lock(uid):
+                with self.lock:
+                    if self.idle_user_nets.pop(vni, None) is None or any(
+                        p.vni == vni for p in self.pods.values()
+                    ):
+                        continue
+                self._remove_user_net(vni)
+                done.append(vni)
+        return done
+
+    def _linger_loop(self) -> None:
+        while not self.stop.wait(min(5.0, max(0.5, self.cfg.user_net_linger / 4))):
+            try:
+                for vni in self.remove_idle_user_nets(time.monotonic()):
+                    log.info(
+                        "VNI %d: no pod here for %.0f s, network removed",
+                        vni,
+                        self.cfg.user_net_linger,
+                    )
+            except Exception:
+                log.exception("removing idle user networks failed")
 
     # -- pods ----------------------------------------------------------------------------
     def _build(self, pod: Pod, search: list[str], ns: NewNetns | None = None) -> None:
@@ -419,7 +469,7 @@ class Agent:
         self.alloc.leave_job(job_id, self.cfg.node)
         if pod:
             with self._user_lock(pod.uid):
-                self._maybe_remove_user(pod.vni)
+                self._maybe_remove_user(pod.vni, pod.uid)
         return existed or pod is not None
 
     def job_get(self, job_id: int) -> Pod:
@@ -478,7 +528,7 @@ class Agent:
                 if pod.veth:
                     self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
                 self.alloc.release_login(self.cfg.node, pod.user)
-                self._maybe_remove_user(pod.vni)
+                self._maybe_remove_user(pod.vni, pod.uid)
         return existed or pod is not None
 
     def join(self, uid: int, target: str, job_id: int | None) -> Pod:

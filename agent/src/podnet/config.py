@@ -90,6 +90,8 @@ class NodeConfig:
         default_factory=lambda: ["squeue", "--noheader", "--format=%A", "--states=all"]
     )
     gc_interval: float = 60.0
+    #: seconds a user's bridge + VXLAN stay after their last pod on the node (0: at once)
+    user_net_linger: float = 120.0
     read_timeout: float = 10.0
     max_connections: int = 256
     roles: list[str] = field(default_factory=list)
@@ -155,6 +157,8 @@ class NodeConfig:
             c.etcd_timeout = _num(d["etcd_timeout"], "etcd_timeout", where, 0.1, 120)
         if "gc_interval" in d:
             c.gc_interval = _num(d["gc_interval"], "gc_interval", where, 0.2, 86400)
+        if "user_net_linger" in d:
+            c.user_net_linger = _num(d["user_net_linger"], "user_net_linger", where, 0, 86400)
         if "read_timeout" in d:
             c.read_timeout = _num(d["read_timeout"], "read_timeout", where, 0.05, 600)
         if "max_connections" in d:
