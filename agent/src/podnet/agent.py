@@ -25,15 +25,7 @@ from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
-from podnet.names import (
-    Keys,
-    block_from_key,
-    dns_label,
-    job_netns,
-    login_netns,
-    ptr_key,
-    zone_path,
-)
+from podnet.names import Keys, block_from_key, job_netns, login_label, login_netns
 from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
 
 log = logging.getLogger("podnet.agent")
@@ -495,7 +487,7 @@ class Agent:
                 except AllocError as e:
                     raise PodnetError("EUNAVAIL", str(e)) from None
                 z = self.cluster.zone
-                label = dns_label(self.cfg.node, "node")
+                label = login_label(self.cfg.node)
                 pod = Pod(
                     "login",
                     name,
@@ -634,31 +626,8 @@ class Agent:
                 self._adopt_login(p)
 
     def _adopt_login(self, p: Pod) -> None:
-        z = self.cluster.zone
-        label = dns_label(self.cfg.node, "node")
         self.etcd.put_many(
-            [
-                op_put(
-                    self.keys.login(self.cfg.node, p.user),
-                    {"ip": p.ip, "uid": p.uid},
-                    self.lease,
-                ),
-                op_put(
-                    self.keys.ip(p.ip),
-                    {"kind": "login", "node": self.cfg.node, "user": p.user},
-                    self.lease,
-                ),
-                op_put(
-                    f"{zone_path(z)}/{p.user}/login/{label}",
-                    {"host": p.ip, "ttl": 30},
-                    self.lease,
-                ),
-                op_put(
-                    ptr_key(p.ip),
-                    {"host": f"{label}.login.{p.user}.{z}", "ttl": 30},
-                    self.lease,
-                ),
-            ]
+            self.alloc.login_record_ops(self.cfg.node, p.user, p.uid, p.ip, self.lease)
         )
 
     def live_jobs(self) -> set[int] | None:
@@ -787,7 +756,7 @@ class Agent:
         if not ip:
             return None
         vni = self.alloc.user_vni(user, uid)
-        label = dns_label(self.cfg.node, "node")
+        label = login_label(self.cfg.node)
         pod = Pod(
             "login",
             name,

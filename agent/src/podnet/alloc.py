@@ -18,7 +18,7 @@ from typing import Any
 
 from podnet import store
 from podnet.ipam import Ipam, PoolExhausted
-from podnet.names import Keys, dns_label, job_label, ptr_key, zone_path
+from podnet.names import Keys, job_label, login_label, ptr_key, zone_path
 from podnet.store import Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
@@ -329,20 +329,7 @@ class Allocator:
             for blk, n in new_blocks:
                 compare.append(cmp_absent(self.keys.block(str(blk))))
                 ops.append(op_put(self.keys.block(str(blk)), {"node": n}))
-            ops += [
-                op_put(key, {"ip": ip, "uid": uid}, lease),
-                op_put(self.keys.ip(ip), {"kind": "login", "node": node, "user": user}, lease),
-                op_put(
-                    f"{zone_path(self.zone)}/{user}/login/{_label(node)}",
-                    {"host": ip, "ttl": RECORD_TTL},
-                    lease,
-                ),
-                op_put(
-                    ptr_key(ip),
-                    {"host": f"{_label(node)}.login.{user}.{self.zone}", "ttl": RECORD_TTL},
-                    lease,
-                ),
-            ]
+            ops += self.login_record_ops(node, user, uid, ip, lease)
             r = self.etcd.txn(compare, ops)
             if r.succeeded:
                 self.ipam.mark([ip])
@@ -352,6 +339,25 @@ class Allocator:
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate a login address for {user} (contention)")
+
+    def login_record_ops(
+        self, node: str, user: str, uid: int, ip: str, lease: int
+    ) -> list[dict[str, Any]]:
+        """The keys of a login pod, all on the node's lease: `logins/<node>/<user>`, its
+        IP, `<node>.login.<user>.<zone>` and the PTR."""
+        label = login_label(node)
+        return [
+            op_put(self.keys.login(node, user), {"ip": ip, "uid": uid}, lease),
+            op_put(self.keys.ip(ip), {"kind": "login", "node": node, "user": user}, lease),
+            op_put(
+                f"{zone_path(self.zone)}/{user}/login/{label}",
+                {"host": ip, "ttl": RECORD_TTL},
+                lease,
+            ),
+            op_put(
+                ptr_key(ip), {"host": f"{label}.login.{user}.{self.zone}", "ttl": RECORD_TTL}, lease
+            ),
+        ]
 
     def release_login(self, node: str, user: str) -> None:
         key = self.keys.login(node, user)
@@ -364,7 +370,7 @@ class Allocator:
                 op_delete(key),
                 op_delete(self.keys.ip(ip)),
                 op_delete(ptr_key(ip)),
-                op_delete(f"{zone_path(self.zone)}/{user}/login/{_label(node)}"),
+                op_delete(f"{zone_path(self.zone)}/{user}/login/{login_label(node)}"),
             ]
         )
         self.ipam.mark([ip], used=False)
@@ -383,10 +389,6 @@ def _same_job(job: Job, user: str, nodes: list[str]) -> Job:
 
 def _json_str(s: str) -> str:
     return json.dumps(s)
-
-
-def _label(node: str) -> str:
-    return dns_label(node, "node")
 
 
 def _block_of_key(key: str) -> str:

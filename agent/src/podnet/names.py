@@ -26,6 +26,11 @@ def dns_label(text: str, fallback: str = "job") -> str:
     return s or fallback
 
 
+def login_label(node: str) -> str:
+    """The DNS label of a node in login pod names (`<label>.login.<user>.<zone>`)."""
+    return dns_label(node, "node")
+
+
 def job_label(name: str) -> str:
     """The DNS label of a job name.
 
