@@ -365,11 +365,13 @@ class Agent:
             self.dp.remove_pod(pod.name, pod.ip)
             raise
 
-    def _unbuild(self, pod: Pod) -> None:
-        """Undo `_build` (a pod that could not be published is not handed out)."""
-        self.dp.remove_pod(pod.name, pod.ip)
+    def _unbuild(self, pod: Pod) -> bool:
+        """Undo `_build`: netns, route, resolv.conf, nftables element. True if the
+        netns existed."""
+        existed = self.dp.remove_pod(pod.name, pod.ip)
         if pod.veth:
             self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+        return existed
 
     def _names(self, job: Job, index: int) -> list[str]:
         z = self.cluster.zone
@@ -455,9 +457,7 @@ class Agent:
         name = job_netns(job_id)
         with self.lock:
             pod = self.pods.pop(name, None)
-        existed = self.dp.remove_pod(name, pod.ip if pod else None)
-        if pod and pod.veth:
-            self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+        existed = self._unbuild(pod) if pod else self.dp.remove_pod(name, None)
         self.alloc.leave_job(job_id, self.cfg.node)
         if pod:
             with self._user_lock(pod.uid):
@@ -515,10 +515,8 @@ class Agent:
                 self.sessions.pop(uid, None)
                 self.idle_since.pop(uid, None)
                 self._save_sessions()
-            existed = self.dp.remove_pod(name, pod.ip if pod else None)
+            existed = self._unbuild(pod) if pod else self.dp.remove_pod(name, None)
             if pod:
-                if pod.veth:
-                    self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
                 self.alloc.release_login(self.cfg.node, pod.user)
                 self._maybe_remove_user(pod.vni, pod.uid)
         return existed or pod is not None

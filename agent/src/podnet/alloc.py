@@ -18,7 +18,7 @@ from typing import Any
 
 from podnet import store
 from podnet.ipam import Ipam, PoolExhausted
-from podnet.names import Keys, job_label, login_label, ptr_key, zone_path
+from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
 from podnet.store import Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
@@ -127,7 +127,7 @@ class Allocator:
             self.ipam.node_blocks.clear()
         for kv in blocks:
             self.ipam.set_block(
-                ipaddress.IPv4Network(_block_of_key(kv.key)), str(kv.json().get("node"))
+                ipaddress.IPv4Network(block_from_key(kv.key)), str(kv.json().get("node"))
             )
         self.ipam.mark(k.key.rsplit("/", 1)[-1] for k in ips)
         return max(rev, rev2)
@@ -170,7 +170,7 @@ class Allocator:
             prefix = self.keys.prefix("ips")
             for node, ip in zip(nodes, job.ips, strict=True):
                 compare.append(cmp_absent(prefix + ip))
-                ops.append(op_put(prefix + ip, f'{{"job_id":{job_id},"node":{_json_str(node)}}}'))
+                ops.append(op_put(prefix + ip, f'{{"job_id":{job_id},"node":{json.dumps(node)}}}'))
             ops.append(op_put(self.keys.job(job_id), job.to_json()))
             # the job name is this job's now: the previous owner's records go with it
             ops.append(op_delete(self.name_records(user, job.label), prefix=True))
@@ -198,37 +198,43 @@ class Allocator:
         """SkyDNS prefix of a job name's records (`<label>.<user>.<zone>`)."""
         return f"{zone_path(self.zone)}/{user}/{label}/"
 
+    def _pod_records(self, job: Job, index: int, node: str) -> tuple[str, list[str]]:
+        """Keys of one pod's publication: (its record under the job name, [its record
+        under the job id, its PTR, the node's marker])."""
+        return f"{self.name_records(job.user, job.label)}pod{index}", [
+            f"{zone_path(self.zone)}/{job.user}/{job.job_id}/pod{index}",
+            ptr_key(job.ips[index]),
+            self.keys.job_node(job.job_id, node),
+        ]
+
+    def _while_name_owner(
+        self, job: Job, named: dict[str, Any], common: list[dict[str, Any]]
+    ) -> None:
+        """`named` + `common` if the job still owns its name, else `common` only."""
+        self.etcd.txn(
+            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
+            [named, *common],
+            common,
+        )
+
     def publish_pod(self, job: Job, index: int, node: str) -> None:
         """One round trip once this node's pod of `job` is built: its DNS records (under
         the job id, the PTR, and under the job name while the job owns the name) and the
         node's marker `jobnodes/<id>/<node>`."""
-        ip = job.ips[index]
-        base = f"{zone_path(self.zone)}/{job.user}"
-        rec = {"host": ip, "ttl": RECORD_TTL}
-        ptr = {"host": f"pod{index}.{job.job_id}.{job.user}.{self.zone}", "ttl": RECORD_TTL}
+        named, (by_id, ptr, marker) = self._pod_records(job, index, node)
+        rec = {"host": job.ips[index], "ttl": RECORD_TTL}
+        host = f"pod{index}.{job.job_id}.{job.user}.{self.zone}"
         common = [
-            op_put(f"{base}/{job.job_id}/pod{index}", rec),
-            op_put(ptr_key(ip), ptr),
-            op_put(self.keys.job_node(job.job_id, node), "1"),
+            op_put(by_id, rec),
+            op_put(ptr, {"host": host, "ttl": RECORD_TTL}),
+            op_put(marker, "1"),
         ]
-        self.etcd.txn(
-            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
-            [op_put(f"{self.name_records(job.user, job.label)}pod{index}", rec), *common],
-            common,
-        )
+        self._while_name_owner(job, op_put(named, rec), common)
 
     def unpublish_pod(self, job: Job, index: int, node: str) -> None:
         """Undo `publish_pod` (this node's pod could not be built)."""
-        common = [
-            op_delete(f"{zone_path(self.zone)}/{job.user}/{job.job_id}/pod{index}"),
-            op_delete(ptr_key(job.ips[index])),
-            op_delete(self.keys.job_node(job.job_id, node)),
-        ]
-        self.etcd.txn(
-            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
-            [op_delete(f"{self.name_records(job.user, job.label)}pod{index}"), *common],
-            common,
-        )
+        named, keys = self._pod_records(job, index, node)
+        self._while_name_owner(job, op_delete(named), [op_delete(k) for k in keys])
 
     def leave_job(self, job_id: int, node: str) -> None:
         """This node's pod of the job is gone: drop its marker; the last node to leave
@@ -378,20 +384,10 @@ class Allocator:
 
 def name_owner(job_id: int) -> str:
     """Value of `names/<user>/<label>`: the job that owns the name (compared verbatim)."""
-    return f'{{"job_id":{job_id}}}'
+    return store.json_dumps({"job_id": job_id})
 
 
 def _same_job(job: Job, user: str, nodes: list[str]) -> Job:
     if job.user != user or job.nodes != nodes:
         raise AllocError(f"job {job.job_id} already exists for another user or node list")
     return job
-
-
-def _json_str(s: str) -> str:
-    return json.dumps(s)
-
-
-def _block_of_key(key: str) -> str:
-    last = key.rsplit("/", 1)[-1]
-    net, _, plen = last.rpartition("-")
-    return f"{net}/{plen}"

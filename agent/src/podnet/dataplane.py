@@ -178,18 +178,11 @@ class Dataplane:
     def netns_path(self, name: str) -> Path:
         return self.netns_dir / name
 
-    def create_pod(
-        self, spec: PodSpec, bridge_index: int, search: list[str], dns_servers: list[str]
-    ) -> str:
-        """Create the pod; returns the host-side veth name. Raises if it exists already."""
-        ns = self.new_netns(spec.name, bridge_index, spec.mtu)
-        return self.wire_pod(ns, spec, search, dns_servers)
-
     def new_netns(self, name: str, bridge_index: int, mtu: int) -> NewNetns:
-        """First half of `create_pod`, which needs no address yet (podnetd runs it while
-        the allocation is on its way to etcd): the pod's netns, and a veth whose host end
-        is up in the user's bridge and whose pod end `eth0` is down, with a placeholder MAC
-        (the real one derives from the address)."""
+        """First half of a pod, which needs no address yet (podnetd makes it while the
+        allocation is on its way to etcd): the pod's netns, and a veth whose host end is
+        up in the user's bridge and whose pod end `eth0` is down, with a placeholder MAC
+        (the real one derives from the address). Raises if the pod exists already."""
 
         def inside() -> nl.Netlink:
             sock = nl.Netlink()
@@ -223,8 +216,8 @@ class Dataplane:
     def wire_pod(
         self, ns: NewNetns, spec: PodSpec, search: list[str], dns_servers: list[str]
     ) -> str:
-        """Second half of `create_pod`: MAC, address, routes, resolv.conf; returns the
-        host-side veth name."""
+        """Second half of a pod (after `new_netns`): MAC, address, routes, resolv.conf;
+        returns the host-side veth name."""
         try:
             ns.nl.batch(
                 [

@@ -80,7 +80,7 @@ def _kv(d: dict[str, Any]) -> KV:
 
 # -- txn op builders (v3 JSON) --------------------------------------------------------
 def op_put(key: str, value: Any, lease: int = 0) -> dict[str, Any]:
-    v = value if isinstance(value, str) else json.dumps(value, separators=(",", ":"))
+    v = value if isinstance(value, str) else json_dumps(value)
     req: dict[str, Any] = {"key": b64(key), "value": b64(v)}
     if lease:
         req["lease"] = lease
