@@ -68,6 +68,13 @@ build_coredns() {
 }
 
 fetch_etcd() {
+    (
+        flock 9
+        fetch_etcd_locked
+    ) 9>"$artifacts/.etcd.lock"
+}
+
+fetch_etcd_locked() {
     local link=$artifacts/etcd-server tmp deb version
     if [ -x "$link/usr/bin/etcd" ]; then
         echo "etcd: cached ($("$link/usr/bin/etcd" --version | head -n 1))"
