@@ -211,6 +211,7 @@ class Node:
                     "gc_interval": 0.5,
                     "job_source": ["sh", "-c", f"seq 1 99999 | grep -vxF -f {self.jobs_file}"],
                     "log_level": "debug",
+                    "roles": ["compute", "login"],
                     **(settings or {}),
                 }
             )

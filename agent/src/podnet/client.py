@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 from typing import Any
@@ -23,13 +24,17 @@ def call(
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.settimeout(timeout)
         s.connect(sock_path)
-        s.sendall(json.dumps({"v": 1, "op": op, **args}).encode() + b"\n")
+        # podnetd may answer and hang up before reading (a refusal): read its reply
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            s.sendall(json.dumps({"v": 1, "op": op, **args}).encode() + b"\n")
         buf = b""
         while not buf.endswith(b"\n"):
             chunk = s.recv(65536)
             if not chunk:
                 break
             buf += chunk
+    if not buf.strip():
+        raise ApiError("EUNAVAIL", "podnetd closed the connection without a reply")
     reply = json.loads(buf)
     if not reply.get("ok"):
         err = reply.get("error") or {}

@@ -92,8 +92,13 @@ class NodeConfig:
     gc_interval: float = 60.0
     #: seconds a user's bridge + VXLAN stay after their last pod on the node (0: at once)
     user_net_linger: float = 120.0
+    #: seconds for a whole request line to arrive (not per read)
     read_timeout: float = 10.0
+    #: connections at once; `root_connections` of them only for root (the Slurm plugin,
+    #: the SSH hooks), and at most `max_connections_per_user` for any other uid
     max_connections: int = 256
+    root_connections: int = 32
+    max_connections_per_user: int = 8
     roles: list[str] = field(default_factory=list)
     log_level: str = "info"
 
@@ -162,7 +167,18 @@ class NodeConfig:
         if "read_timeout" in d:
             c.read_timeout = _num(d["read_timeout"], "read_timeout", where, 0.05, 600)
         if "max_connections" in d:
-            c.max_connections = _int(d["max_connections"], "max_connections", where, 1, 65536)
+            c.max_connections = _int(d["max_connections"], "max_connections", where, 2, 65536)
+        if "root_connections" in d:
+            c.root_connections = _int(d["root_connections"], "root_connections", where, 1, 65535)
+        if "max_connections_per_user" in d:
+            c.max_connections_per_user = _int(
+                d["max_connections_per_user"], "max_connections_per_user", where, 1, 65535
+            )
+        if c.root_connections >= c.max_connections:
+            raise ConfigError(
+                f"{where}: 'root_connections' ({c.root_connections}) must be smaller than "
+                f"'max_connections' ({c.max_connections}): users need some"
+            )
         if "roles" in d:
             c.roles = _strlist(d["roles"], "roles", where)
         if "log_level" in d:

@@ -17,7 +17,7 @@ from podnet import __version__
 from podnet.agent import Agent
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
 from podnet.metrics import start_metrics
-from podnet.server import Handler, Server
+from podnet.server import Handler, Limits, Server
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnetd")
@@ -66,7 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     except (EtcdUnavailable, EtcdRequestError) as e:
         print(f"podnetd: etcd unavailable at start: {e}", file=sys.stderr)
         return 3
-    server = Server(Handler(agent), cfg.socket, cfg.read_timeout, cfg.max_connections)
+    limits = Limits(
+        cfg.read_timeout, cfg.max_connections, cfg.root_connections, cfg.max_connections_per_user
+    )
+    server = Server(Handler(agent), cfg.socket, limits)
     server.bind()
     if cfg.metrics:
         start_metrics(cfg.metrics, agent)

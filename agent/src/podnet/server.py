@@ -1,8 +1,12 @@
 """The UNIX socket API (docs/api.md): JSON lines, authorization from SO_PEERCRED only.
 
-Each connection gets a thread (bounded by `max_connections`); each request line is at most
-64 KiB and must arrive within `read_timeout`. Malformed input gets an error reply and
-never reaches the agent.
+Each connection gets a thread. Admission (`Admission`) bounds them: `max_connections` in
+all, of which `root_connections` only for root (the Slurm plugin, the SSH hooks), and
+`max_connections_per_user` for any other uid, so one user cannot hold the socket against
+the others. A request line is at most 64 KiB and must arrive whole within `read_timeout`
+(a deadline for the request, not per read: a newline every few seconds does not keep a
+connection). Non-root callers get one request per connection. Malformed input gets an
+error reply and never reaches the agent.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ import os
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -161,6 +167,12 @@ class Handler:
         return {"pod": pod.public()}
 
     def login_acquire(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        if "login" not in self.agent.cfg.roles:
+            raise PodnetError(
+                "EPERM",
+                f"{self.agent.cfg.node} is not a login node: login pods are made only on "
+                "nodes with the login role",
+            )
         if peer.root:
             uid = _opt_int(req, "uid", 1, 2**31 - 1)
             pid = _opt_int(req, "pid", 1, 2**31 - 1) or 0
@@ -203,14 +215,59 @@ def _err(code: str, message: str) -> dict[str, Any]:
     return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
 
 
+@dataclass(frozen=True)
+class Limits:
+    """Connection bounds of the socket (NodeConfig's settings of the same names)."""
+
+    read_timeout: float = 10.0
+    max_connections: int = 256
+    root_connections: int = 32
+    max_connections_per_user: int = 8
+
+
+class Admission:
+    """Who may open one more connection: a total, slots kept for root, a bound per uid."""
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.lock = threading.Lock()
+        self.total = 0
+        self.by_uid: dict[int, int] = {}
+
+    def enter(self, uid: int) -> str | None:
+        """Takes a slot for `uid`; returns None, or why it was refused."""
+        lim = self.limits
+        with self.lock:
+            if self.total >= lim.max_connections:
+                return "too many connections to podnetd, retry"
+            if uid != 0:
+                if self.total >= lim.max_connections - lim.root_connections:
+                    return "too many user connections to podnetd, retry"
+                if self.by_uid.get(uid, 0) >= lim.max_connections_per_user:
+                    return (
+                        f"too many connections from uid {uid} "
+                        f"(at most {lim.max_connections_per_user} at once)"
+                    )
+            self.total += 1
+            self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
+            return None
+
+    def leave(self, uid: int) -> None:
+        with self.lock:
+            self.total -= 1
+            left = self.by_uid[uid] - 1
+            if left:
+                self.by_uid[uid] = left
+            else:
+                del self.by_uid[uid]
+
+
 class Server:
-    def __init__(
-        self, handler: Handler, path: str, read_timeout: float, max_connections: int
-    ) -> None:
+    def __init__(self, handler: Handler, path: str, limits: Limits) -> None:
         self.handler = handler
         self.path = path
-        self.read_timeout = read_timeout
-        self.slots = threading.BoundedSemaphore(max_connections)
+        self.limits = limits
+        self.admission = Admission(limits)
         self.sock: socket.socket | None = None
         self.stopping = threading.Event()
 
@@ -237,47 +294,65 @@ class Server:
                 if self.stopping.is_set():
                     return
                 raise
-            if not self.slots.acquire(blocking=False):
-                _send(conn, _err("EUNAVAIL", "too many connections, retry"))
+            try:
+                peer = peer_of(conn)
+            except OSError:
                 conn.close()
                 continue
-            threading.Thread(target=self._conn, args=(conn,), daemon=True).start()
+            refused = self.admission.enter(peer.uid)
+            if refused is not None:
+                conn.settimeout(0)  # never let a full client buffer stall the accept loop
+                _send(conn, _err("EUNAVAIL", refused))
+                conn.close()
+                continue
+            threading.Thread(target=self._conn, args=(conn, peer), daemon=True).start()
 
-    def _conn(self, conn: socket.socket) -> None:
+    def _conn(self, conn: socket.socket, peer: Peer) -> None:
         try:
-            peer = peer_of(conn)
-            conn.settimeout(self.read_timeout)
-            buf = b""
-            while True:
-                nl = buf.find(b"\n")
-                if nl < 0:
-                    if len(buf) > MAX_LINE:
-                        _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
-                        return
-                    try:
-                        chunk = conn.recv(65536)
-                    except TimeoutError:
-                        if buf:
-                            _send(conn, _err("EINVAL", "incomplete request (timeout)"))
-                        return
-                    if not chunk:
-                        if buf.strip():
-                            _send(conn, _err("EINVAL", "incomplete request (no newline)"))
-                        return
-                    buf += chunk
-                    continue
-                line, buf = buf[:nl], buf[nl + 1 :]
-                if len(line) > MAX_LINE:
-                    _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
-                    return
-                if not line.strip():
-                    continue
-                _send(conn, self.handler.handle_line(peer, line))
+            self._serve(conn, peer)
         except OSError:
             pass
         finally:
             conn.close()
-            self.slots.release()
+            self.admission.leave(peer.uid)
+
+    def _serve(self, conn: socket.socket, peer: Peer) -> None:
+        buf = b""
+        deadline = time.monotonic() + self.limits.read_timeout
+        while True:
+            nl = buf.find(b"\n")
+            if nl < 0:
+                if len(buf) > MAX_LINE:
+                    _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
+                    return
+                left = deadline - time.monotonic()
+                try:
+                    if left <= 0:
+                        raise TimeoutError
+                    conn.settimeout(left)
+                    chunk = conn.recv(65536)
+                except TimeoutError:
+                    if buf.strip():
+                        _send(conn, _err("EINVAL", "incomplete request (timeout)"))
+                    return
+                if not chunk:
+                    if buf.strip():
+                        _send(conn, _err("EINVAL", "incomplete request (no newline)"))
+                    return
+                buf += chunk
+                continue
+            line, buf = buf[:nl], buf[nl + 1 :]
+            if len(line) > MAX_LINE:
+                _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
+                return
+            if not line.strip():
+                continue
+            reply = self.handler.handle_line(peer, line)
+            conn.settimeout(self.limits.read_timeout)  # a client that never reads
+            _send(conn, reply)
+            if not peer.root:
+                return  # one request per connection for users
+            deadline = time.monotonic() + self.limits.read_timeout
 
     def close(self) -> None:
         self.stopping.set()

@@ -940,6 +940,10 @@ int pn_call(const char *sock_path, const char *req, size_t reqlen,
 		}
 		if (n < 0 && errno == EINTR)
 			continue;
+		/* podnetd answered and hung up (a refusal, e.g. too many
+		 * connections): its reply is still there to read */
+		if (n < 0 && (errno == EPIPE || errno == ECONNRESET))
+			break;
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			int w = wait_fd(fd, POLLOUT, deadline);
 			if (w == 1)
