@@ -1,14 +1,15 @@
 /*
  * Unit tests for podnet_client.c (JSON escaper, request builder, reply
- * parser, transport) and the pure parts of podnet-session.c (config parser,
- * request choice, shell argv). Built and run by test_c_units.py.
+ * parser, transport) and podnet_session.c of pam_podnet.so (config parser,
+ * request choice). Built and run by test_c_units.py.
  *
  * Prints "ok"/"not ok" lines and, for the Python side to check with a real
  * JSON parser, "REQ <line>" for every request the builder produced.
  * Exit status: number of failures (0 = all passed).
  */
-#define PN_SESSION_NO_MAIN 1
-#include "podnet-session.c"
+#include "podnet_session.c"
+
+#include <stdlib.h>
 
 #include <signal.h>
 #include <sys/socket.h>
@@ -561,7 +562,7 @@ static void test_uint(void)
 }
 
 /* ---------------------------------------------------------------------- */
-/* podnet-session pure logic                                               */
+/* podnet_session.c (pam_podnet.so)                                              */
 
 static void test_session_conf(void)
 {
@@ -570,13 +571,11 @@ static void test_session_conf(void)
 
 	conf_defaults(&c);
 	CHECK(conf_parse("# comment\n\nmode=login\n socket = /run/x.sock \n"
-			 "admin_group=wheel\non_error=host\ntimeout=5\n"
-			 "sftp_server=/usr/libexec/sftp-server", &c, why,
-			 sizeof(why)) == 0 &&
+			 "admin_group=wheel\non_error=host\ntimeout=5", &c,
+			 why, sizeof(why)) == 0 &&
 		      c.mode == MODE_LOGIN && !strcmp(c.socket, "/run/x.sock") &&
 		      !strcmp(c.admin_group, "wheel") &&
-		      c.on_error == ON_ERROR_HOST && c.timeout_s == 5 &&
-		      !strcmp(c.sftp_server, "/usr/libexec/sftp-server"),
+		      c.on_error == ON_ERROR_HOST && c.timeout_s == 5,
 	      "session conf: all keys (%s)", why);
 	conf_defaults(&c);
 	CHECK(conf_parse("mode=compute\n", &c, why, sizeof(why)) == 0 &&
@@ -607,6 +606,19 @@ static void test_session_conf(void)
 	CHECK(conf_parse("mode=login\non_error=maybe\n", &c, why,
 			 sizeof(why)) == -1,
 	      "session conf: bad on_error (%s)", why);
+	conf_defaults(&c);
+	CHECK(conf_parse("mode=login\nsftp_server=/x\n", &c, why,
+			 sizeof(why)) == -1,
+	      "session conf: the helper's sftp_server is gone (%s)", why);
+	conf_defaults(&c);
+	CHECK(conf_parse("admin_group=wheel\nmode=login\ntimeout=1x\n", &c,
+			 why, sizeof(why)) == -1 &&
+		      !strcmp(c.admin_group, "wheel"),
+	      "session conf: keys before a bad line stay (%s)", why);
+	conf_defaults(&c);
+	CHECK(conf_parse("mode=login\ntimeout=3601\n", &c, why,
+			 sizeof(why)) == -1,
+	      "session conf: timeout above 3600 (%s)", why);
 }
 
 static void test_session_request(void)
@@ -637,6 +649,21 @@ static void test_session_request(void)
 	CHECK(len == -1, "session request: bad SLURM_JOB_ID refused (%s)", why);
 	len = build_request(&c, "-1", buf, sizeof(buf), why, sizeof(why));
 	CHECK(len == -1, "session request: negative SLURM_JOB_ID refused");
+	/* root (pam_podnet.so) asking for a user */
+	len = build_request_for(&c, "77", 2001, 4242, buf, sizeof(buf), why,
+				sizeof(why));
+	CHECK(len > 0 &&
+		      !strcmp(buf, "{\"v\":1,\"op\":\"join\",\"target\":"
+				   "\"job\",\"uid\":2001,\"job_id\":77}\n"),
+	      "session request: root joins for uid, no pid (%s)", buf);
+	c.mode = MODE_LOGIN;
+	len = build_request_for(&c, NULL, 2001, 4242, buf, sizeof(buf), why,
+				sizeof(why));
+	CHECK(len > 0 &&
+		      !strcmp(buf, "{\"v\":1,\"op\":\"login_acquire\","
+				   "\"uid\":2001,\"pid\":4242}\n"),
+	      "session request: root login_acquire with uid and pid (%s)",
+	      buf);
 }
 
 static void test_session_ask(void)
@@ -687,50 +714,12 @@ static void test_session_ask(void)
 	      "session ask: daemon down is an error (%s)", msg);
 }
 
-static void test_session_argv(void)
-{
-	struct session_conf c;
-	struct passwd pw;
-	char argv0[64];
-	const char *argv[4], *path;
-
-	conf_defaults(&c);
-	memset(&pw, 0, sizeof(pw));
-	pw.pw_shell = "/bin/bash";
-
-	shell_argv(&pw, &c, NULL, argv0, sizeof(argv0), argv, &path);
-	CHECK(!strcmp(path, "/bin/bash") && !strcmp(argv[0], "-bash") &&
-		      argv[1] == NULL,
-	      "session argv: login shell");
-	shell_argv(&pw, &c, "scp -t /tmp", argv0, sizeof(argv0), argv, &path);
-	CHECK(!strcmp(path, "/bin/bash") && !strcmp(argv[0], "bash") &&
-		      !strcmp(argv[1], "-c") && !strcmp(argv[2], "scp -t /tmp") &&
-		      argv[3] == NULL,
-	      "session argv: command via -c");
-	shell_argv(&pw, &c, "internal-sftp", argv0, sizeof(argv0), argv, &path);
-	CHECK(!strcmp(path, "/usr/lib/openssh/sftp-server") && argv[1] == NULL,
-	      "session argv: internal-sftp -> sftp-server");
-	shell_argv(&pw, &c, "internal-sftpx", argv0, sizeof(argv0), argv, &path);
-	CHECK(!strcmp(path, "/bin/bash"), "session argv: internal-sftpx is a command");
-	pw.pw_shell = "";
-	shell_argv(&pw, &c, NULL, argv0, sizeof(argv0), argv, &path);
-	CHECK(!strcmp(path, "/bin/sh") && !strcmp(argv[0], "-sh"),
-	      "session argv: empty shell -> /bin/sh");
-}
-
 static void test_session_files(void)
 {
 	struct session_conf c;
 	struct passwd *pw = getpwuid(0);
 	char path[160], why[256];
 	FILE *f;
-
-	/* exercised for real (setuid, netns, exec) by test_c_units.py */
-	(void) drop_privileges;
-	(void) clean_env;
-	(void) exec_shell;
-	(void) as_user;
-	(void) as_root;
 
 	CHECK(pw && user_in_group(pw, "root"), "session: root is in group root");
 	CHECK(pw && !user_in_group(pw, "pn-no-such-group-ctest"),
@@ -779,7 +768,6 @@ int main(void)
 	test_session_conf();
 	test_session_request();
 	test_session_ask();
-	test_session_argv();
 	test_session_files();
 
 	{
