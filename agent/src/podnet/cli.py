@@ -119,15 +119,25 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="podnet", description="podnet on this node")
-    ap.add_argument("--socket", default=DEFAULT_SOCKET)
-    ap.add_argument("--config", default=DEFAULT_CONFIG)
-    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    # the options are accepted before and after the command (`podnet --json pods`,
+    # `podnet pods --json`); SUPPRESS keeps a later default from hiding an earlier value
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--socket", default=argparse.SUPPRESS)
+    common.add_argument("--config", default=argparse.SUPPRESS)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    ap = argparse.ArgumentParser(prog="podnet", description="podnet on this node", parents=[common])
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("pods", help="my pods (root: all pods of this node)")
-    sub.add_parser("status", help="node, etcd, counts")
-    sub.add_parser("doctor", help="health checks (etcd, kernel, socket, FDB drift)")
+    sub.add_parser("pods", parents=[common], help="my pods (root: all pods of this node)")
+    sub.add_parser("status", parents=[common], help="node, etcd, counts")
+    sub.add_parser(
+        "doctor", parents=[common], help="health checks (etcd, kernel, socket, FDB drift)"
+    )
     args = ap.parse_args(argv)
+    for key, default in (("socket", DEFAULT_SOCKET), ("config", DEFAULT_CONFIG), ("json", False)):
+        if not hasattr(args, key):
+            setattr(args, key, default)
     try:
         return {"pods": cmd_pods, "status": cmd_status, "doctor": cmd_doctor}[args.cmd](args)
     except ApiError as e:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -33,15 +34,36 @@ class AgentCollector:
         yield CounterMetricFamily(
             "podnet_etcd_errors", "etcd request errors", value=self.agent.etcd.errors
         )
-        samples = list(self.agent.setup_seconds)
-        buckets = [(str(b), sum(1 for s in samples if s <= b)) for b in BUCKETS]
-        buckets.append(("+Inf", len(samples)))
+        h = self.agent.setup_seconds
+        with h.lock:
+            buckets = [(str(b), n) for b, n in zip(h.bounds, h.counts, strict=True)]
+            buckets.append(("+Inf", h.count))
+            total = h.sum
         yield HistogramMetricFamily(
             "podnet_pod_setup_seconds",
-            "Job pod setup time (last 1000 pods)",
+            "Job pod setup time since podnetd started",
             buckets=buckets,
-            sum_value=sum(samples),
+            sum_value=total,
         )
+
+
+class Histogram:
+    """A cumulative histogram (what Prometheus expects: counts never go down)."""
+
+    def __init__(self, bounds: tuple[float, ...] = BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.count = 0
+        self.sum = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self.lock:
+            self.count += 1
+            self.sum += value
+            for i, b in enumerate(self.bounds):
+                if value <= b:
+                    self.counts[i] += 1
 
 
 def start_metrics(listen: str, agent: Agent) -> None:

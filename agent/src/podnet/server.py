@@ -232,6 +232,7 @@ class Admission:
         self.limits = limits
         self.lock = threading.Lock()
         self.total = 0
+        self.users = 0  # connections of non-root callers
         self.by_uid: dict[int, int] = {}
 
     def enter(self, uid: int) -> str | None:
@@ -241,13 +242,14 @@ class Admission:
             if self.total >= lim.max_connections:
                 return "too many connections to podnetd, retry"
             if uid != 0:
-                if self.total >= lim.max_connections - lim.root_connections:
+                if self.users >= lim.max_connections - lim.root_connections:
                     return "too many user connections to podnetd, retry"
                 if self.by_uid.get(uid, 0) >= lim.max_connections_per_user:
                     return (
                         f"too many connections from uid {uid} "
                         f"(at most {lim.max_connections_per_user} at once)"
                     )
+                self.users += 1
             self.total += 1
             self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
             return None
@@ -255,6 +257,8 @@ class Admission:
     def leave(self, uid: int) -> None:
         with self.lock:
             self.total -= 1
+            if uid != 0:
+                self.users -= 1
             left = self.by_uid[uid] - 1
             if left:
                 self.by_uid[uid] = left

@@ -1,0 +1,264 @@
+"""podnetd's logic without a kernel or etcd: names, IPAM, config, request authorization,
+socket admission, the CLI's arguments, the metrics histogram (`make unit`, no root)."""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from podnet import cli, names
+from podnet.agent import PodnetError
+from podnet.config import ClusterConfig, ConfigError, NodeConfig
+from podnet.ipam import Ipam, PoolExhausted
+from podnet.metrics import Histogram
+from podnet.server import Admission, Handler, Limits, Peer
+
+# -- names -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "label"),
+    [
+        ("My_Sim 2", "my-sim-2"),
+        ("--x--", "x"),
+        ("", "job"),
+        ("ÄÖÜ", "job"),
+        ("a" * 80, "a" * 63),
+        ("a" * 62 + "-b", "a" * 62),
+    ],
+)
+def test_dns_label(text: str, label: str) -> None:
+    assert names.dns_label(text) == label
+    assert names.is_label(label)
+
+
+def test_job_label_never_collides_with_login_or_job_ids() -> None:
+    assert names.job_label("login") == "job-login"
+    assert names.job_label("1234") == "job-1234"
+    assert names.job_label("train") == "train"
+
+
+def test_keys_and_paths() -> None:
+    k = names.Keys("lab")
+    assert k.block("198.18.0.0/26") == "/podnet/lab/blocks/198.18.0.0-26"
+    assert names.block_from_key(k.block("198.18.0.0/26")) == "198.18.0.0/26"
+    assert names.zone_path("hpc.example.org") == "/skydns/org/example/hpc"
+    assert names.ptr_key("198.18.1.2") == "/skydns/arpa/in-addr/198/18/1/2"
+    v = names.new_veth_name()
+    assert names.is_veth_name(v) and len(v) <= 15
+    assert not names.is_veth_name("pnbr4096")
+
+
+# -- IPAM --------------------------------------------------------------------------------
+
+
+def test_ipam_hands_out_each_address_of_a_block_once() -> None:
+    ipam = Ipam(ipaddress.IPv4Network("203.0.113.0/24"), 28)
+    block = ipam.free_blocks("n1", 1)[0]
+    ipam.set_block(block, "n1")
+    got = []
+    while (ip := ipam.candidate("n1")) is not None:
+        got.append(ip)
+    # the pod network's own network/broadcast addresses are never handed out
+    assert len(got) == len(set(got)) == 16 - (block.network_address.packed[-1] == 0)
+    assert all(ipaddress.ip_address(ip) in block for ip in got)
+    ipam.release_pending(got[:1])
+    assert ipam.candidate("n1") == got[0]
+    ipam.mark(got)
+    ipam.release_pending(got)
+    assert ipam.candidate("n1") is None
+
+
+def test_ipam_blocks_are_per_node_and_run_out_cleanly() -> None:
+    ipam = Ipam(ipaddress.IPv4Network("203.0.113.0/26"), 28)
+    seen = set()
+    for node in ("a", "b", "c", "d"):
+        b = ipam.free_blocks(node, 1)[0]
+        assert b not in seen
+        seen.add(b)
+        ipam.set_block(b, node)
+    assert ipam.candidate("e") is None
+    with pytest.raises(PoolExhausted, match="no free address block"):
+        ipam.free_blocks("e", 1)
+
+
+# -- configuration -----------------------------------------------------------------------
+
+NODE = {
+    "node": "c1",
+    "underlay_interface": "eth0",
+    "underlay_ip": "198.51.100.12",
+    "cluster": "lab",
+    "etcd_endpoints": ["http://127.0.0.1:2379"],
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"nodes": "x"}, "unknown setting"),
+        ({"node": "../x"}, "not a valid node name"),
+        ({"cluster": "Lab!"}, "DNS label"),
+        ({"etcd_endpoints": []}, "is empty"),
+        ({"max_connections": 8, "root_connections": 8}, "must be smaller"),
+        ({"max_connections_per_user": 0}, "max_connections_per_user"),
+        ({"read_timeout": "soon"}, "read_timeout"),
+    ],
+)
+def test_node_config_errors_are_one_clear_line(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message) as e:
+        NodeConfig.from_dict({**NODE, **change}, "podnet.yaml")
+    assert "\n" not in str(e.value)
+
+
+def test_cluster_config_refuses_overlaps_and_bad_ranges() -> None:
+    base = {"pod_cidr": "198.18.0.0/15", "block_prefix": 26, "zone": "lab"}
+    assert ClusterConfig.from_dict(base).pod_mtu == 1450
+    with pytest.raises(ConfigError, match="overlaps pod_cidr"):
+        ClusterConfig.from_dict({**base, "host_cidrs": ["198.19.0.0/24"]})
+    with pytest.raises(ConfigError, match="vni_min > vni_max"):
+        ClusterConfig.from_dict({**base, "vni_min": 10, "vni_max": 5})
+    with pytest.raises(ConfigError, match="larger than pod_cidr"):
+        ClusterConfig.from_dict({**base, "block_prefix": 14})
+
+
+# -- requests and authorization ----------------------------------------------------------
+
+
+@dataclass
+class FakePod:
+    uid: int
+    kind: str = "job"
+
+    def public(self) -> dict[str, Any]:
+        return {"uid": self.uid, "kind": self.kind}
+
+
+@dataclass
+class FakeAgent:
+    """Records what the handler asked; the real Agent is tested in tests/agent."""
+
+    roles: list[str] = field(default_factory=lambda: ["compute"])
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+    @property
+    def cfg(self) -> NodeConfig:
+        return NodeConfig.from_dict({**NODE, "roles": self.roles}, "test")
+
+    def job_up(self, *a: Any) -> FakePod:
+        self.calls.append(("job_up", *a))
+        return FakePod(a[2])
+
+    def job_get(self, job_id: int) -> FakePod:
+        if job_id == 404:
+            raise PodnetError("ENOENT", "no such job")
+        return FakePod(2001)
+
+    def login_acquire(self, uid: int, pid: int) -> FakePod:
+        self.calls.append(("login_acquire", uid, pid))
+        return FakePod(uid, "login")
+
+    def join(self, uid: int, target: str, job_id: int | None) -> FakePod:
+        self.calls.append(("join", uid, target, job_id))
+        return FakePod(uid)
+
+
+ROOT, ALICE, BOB = Peer(10, 0, 0), Peer(11, 2001, 2001), Peer(12, 2002, 2002)
+
+
+def ask(agent: FakeAgent, peer: Peer, **req: Any) -> dict[str, Any]:
+    h = Handler(agent)  # type: ignore[arg-type]
+    return h.handle_line(peer, json.dumps({"v": 1, **req}).encode())
+
+
+def code(reply: dict[str, Any]) -> str:
+    return str(reply["error"]["code"]) if not reply["ok"] else "OK"
+
+
+def test_only_root_creates_job_pods() -> None:
+    a = FakeAgent()
+    up = {"op": "job_up", "job_id": 5, "user": "alice", "uid": 2001, "nodes": ["c1"]}
+    assert code(ask(a, ALICE, **up, node_index=0)) == "EPERM"
+    assert code(ask(a, ROOT, **up, node_index=0)) == "OK"
+    assert code(ask(a, ROOT, **up, node_index=1)) == "EINVAL"
+    assert code(ask(a, ROOT, **{**up, "user": "../x"}, node_index=0)) == "EINVAL"
+    assert code(ask(a, ROOT, **{**up, "uid": True}, node_index=0)) == "EINVAL"
+    assert [c[0] for c in a.calls] == ["job_up"]
+
+
+def test_users_see_and_join_only_their_own() -> None:
+    a = FakeAgent(roles=["compute", "login"])
+    assert code(ask(a, BOB, op="job_get", job_id=7)) == "EPERM"
+    assert code(ask(a, ALICE, op="job_get", job_id=7)) == "OK"
+    assert code(ask(a, ALICE, op="job_get", job_id=404)) == "ENOENT"
+    # a user cannot act for another uid; root may (the SSH hooks)
+    assert ask(a, ALICE, op="join", target="job", uid=2002)["pod"]["uid"] == 2001
+    assert ask(a, ROOT, op="join", target="job", uid=2002)["pod"]["uid"] == 2002
+    assert ask(a, ALICE, op="login_acquire", uid=2002)["pod"]["uid"] == 2001
+    assert code(ask(a, ROOT, op="login_acquire")) == "EINVAL"
+    assert ("login_acquire", 2001, ALICE.pid) in a.calls
+
+
+def test_login_pods_only_on_login_nodes_and_bad_requests() -> None:
+    a = FakeAgent(roles=["compute"])
+    assert code(ask(a, ALICE, op="login_acquire")) == "EPERM"
+    assert code(ask(a, ROOT, op="login_acquire", uid=2001, pid=1)) == "EPERM"
+    h = Handler(a)  # type: ignore[arg-type]
+    for line in (b"not json", b"[]", b'{"v":2,"op":"status"}', b'{"v":1,"op":"nope"}', b"\xff"):
+        r = h.handle_line(ALICE, line)
+        assert r["ok"] is False and code(r) in ("EINVAL", "EVERSION"), line
+    assert code(ask(a, ALICE, op="join", target="other")) == "EINVAL"
+
+
+def test_admission_keeps_root_slots_and_bounds_each_user() -> None:
+    adm = Admission(Limits(max_connections=6, root_connections=2, max_connections_per_user=3))
+    assert [adm.enter(2001) for _ in range(3)] == [None] * 3
+    assert "uid 2001" in str(adm.enter(2001))
+    assert adm.enter(2002) is None
+    assert "too many user connections" in str(adm.enter(2003))  # 4 = 6 - 2 kept for root
+    assert adm.enter(0) is None and adm.enter(0) is None
+    assert adm.enter(0) is not None  # the total is a hard bound, root included
+    adm.leave(0)
+    assert adm.enter(2003) is not None  # a free root slot is not a user slot
+    adm.leave(2001)
+    assert adm.enter(2003) is None
+    for uid in (2001, 2001, 2002, 2003, 0):
+        adm.leave(uid)
+    assert adm.total == 0 and adm.users == 0 and adm.by_uid == {}
+
+
+# -- CLI and metrics ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "argv", [["--json", "pods"], ["pods", "--json"], ["--socket", "/x", "pods", "--json"]]
+)
+def test_cli_options_before_or_after_the_command(
+    argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seen: dict[str, Any] = {}
+
+    def fake_call(op: str, sock: str, **kw: Any) -> dict[str, Any]:
+        seen.update(op=op, sock=sock)
+        return {"pods": [{"kind": "job", "name": "pn-j1", "ip": "198.18.0.1", "user": "a"}]}
+
+    monkeypatch.setattr(cli, "call", fake_call)
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)[0]["name"] == "pn-j1"
+    assert seen["sock"] == ("/x" if "/x" in argv else cli.DEFAULT_SOCKET)
+
+
+def test_setup_histogram_is_cumulative() -> None:
+    h = Histogram((0.01, 0.1))
+    before = []
+    for i in range(3000):
+        h.observe(0.005 if i % 2 else 0.05)
+        before.append((list(h.counts), h.count))
+    assert h.count == 3000 and h.counts == [1500, 3000]
+    for (c0, n0), (c1, n1) in itertools.pairwise(before):
+        assert n0 < n1 and all(x <= y for x, y in zip(c0, c1, strict=True))
+    assert h.sum == pytest.approx(1500 * 0.055)
