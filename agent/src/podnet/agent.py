@@ -25,6 +25,7 @@ from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
+from podnet.metrics import Histogram
 from podnet.names import Keys, block_from_key, job_netns, login_label, login_netns
 from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
 
@@ -82,7 +83,7 @@ class Agent:
         self.lease = 0
         self.vteps: dict[int, set[str]] = {}
         self.node_ips: dict[str, str] = {}
-        self.setup_seconds: list[float] = []
+        self.setup_seconds = Histogram()
         self.state = Path(cfg.state_dir)
         self._dp: Dataplane | None = None
         self._fw: Firewall | None = None
@@ -445,8 +446,7 @@ class Agent:
                 raise
             with self.lock:
                 self.pods[name] = pod
-        self.setup_seconds.append(time.monotonic() - t0)
-        del self.setup_seconds[:-1000]
+        self.setup_seconds.observe(time.monotonic() - t0)
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
         return pod
 
