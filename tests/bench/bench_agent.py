@@ -511,6 +511,11 @@ class Bench:
 
     def phase_rss(self, anchors: list[int]) -> None:
         assert self.podnetd is not None
+        if RSS_PODS <= 0:  # PODNET_BENCH_RSS_PODS=0: the phase is off
+            log("RSS phase skipped (PODNET_BENCH_RSS_PODS=0)")
+            for j in anchors:
+                self.job_down(j)
+            return
         users = [self.user(i) for i in range(USERS)]
         jobs = []
         setup = []
@@ -535,8 +540,9 @@ class Bench:
             self.figures["rss_1000_pods"] = (round(kb / 1024, 1), "MB")
         self.extra["rss_live_pods"] = live
         self.extra["rss_at_live_pods_mb"] = round(kb / 1024, 1)
-        self.extra["pod_setup_p50_last200_of_rss_phase_ms"] = ms(pct(setup[-200:], 50))
-        self.extra["pod_setup_p99_last200_of_rss_phase_ms"] = ms(pct(setup[-200:], 99))
+        if setup:  # none when the anchors alone reach RSS_PODS
+            self.extra["pod_setup_p50_last200_of_rss_phase_ms"] = ms(pct(setup[-200:], 50))
+            self.extra["pod_setup_p99_last200_of_rss_phase_ms"] = ms(pct(setup[-200:], 99))
         down = [self.job_down(j) for j in jobs + anchors]
         self.extra["pod_teardown_p50_from_1000_ms"] = ms(pct(down, 50))
         if self.pod_count() != 0:
