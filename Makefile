@@ -26,7 +26,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   openssh-client libslurm-dev gcc make rsync iputils-ping util-linux shellcheck
 
 .PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
-  lint unit integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-e2e artifacts clean
+  lint unit integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -115,6 +115,10 @@ test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecu
 
 bench-agent: deps artifacts
 	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(PY) $(ROOT)/tests/bench/bench_agent.py
+
+# One job of 100/400/1000 simulated nodes against a real etcd (the pcocc paper's Figure 2).
+bench-scale: deps artifacts
+	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(PY) $(ROOT)/tests/bench/bench_scale.py
 
 # End-to-end tests and benchmark against the lab of `make lab` (PODNET_E2E_LAB=pnlab);
 # make test runs the same tests on the molecule lab (its verify step).

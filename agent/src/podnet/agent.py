@@ -152,7 +152,7 @@ class Agent:
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         self.register_node()
         rev = self.alloc.load_view()
-        self._fw = Firewall(cc.pod_cidr, cc.gateway_ip, cc.vxlan_port, cc.host_cidrs)
+        self._fw = Firewall(cc.pod_cidr, cc.vxlan_port, cc.host_cidrs, self.cfg.host_uids)
         self.refresh_nodes()
         self.reconcile()
         self.sync_routes()
@@ -298,7 +298,7 @@ class Agent:
             self.registered_vteps.add(vni)
         bri = self.dp.user_bridge(vni)
         if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
-            bri = self.dp.ensure_user(vni, self.cluster.gateway_ip, self.vteps_of(vni))
+            bri = self.dp.ensure_user(vni, self.vteps_of(vni))
         return vni, bri
 
     def _maybe_remove_user(self, vni: int, uid: int) -> None:
@@ -356,7 +356,7 @@ class Agent:
         if ns is None:
             bri = self.dp.user_bridge(pod.vni)
             if bri is None:
-                bri = self.dp.ensure_user(pod.vni, cc.gateway_ip, self.vteps_of(pod.vni))
+                bri = self.dp.ensure_user(pod.vni, self.vteps_of(pod.vni))
             ns = self.dp.new_netns(pod.name, bri, cc.pod_mtu)
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
@@ -398,7 +398,7 @@ class Agent:
             vni, bri = self._ensure_user_net(user, uid)
             # the allocation travels to etcd while this thread creates the empty netns
             allocating = self.pool.submit(
-                self.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni
+                self.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni, node_index
             )
             try:
                 ns = self.dp.new_netns(name, bri, self.cluster.pod_mtu)
@@ -707,6 +707,10 @@ class Agent:
         for vni in ports:
             if vni not in vnis:
                 self.dp.remove_user(vni)
+        # the host network stays as it was (links of an older podnetd had addresses)
+        removed = self.dp.scrub_host_links()
+        if removed:
+            log.info("reconcile: removed %d addresses from podnet links", removed)
         for vni in vnis:
             self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
             self.registered_vteps.add(vni)

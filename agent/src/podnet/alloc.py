@@ -27,6 +27,8 @@ RECORD_TTL = 30
 MAX_ATTEMPTS = 20
 #: larger jobs are read before the allocation transaction is built (see allocate_job)
 READ_FIRST_NODES = 16
+#: seconds the other nodes of a large job wait for its first node's allocation
+LEADER_WAIT = 3.0
 
 
 class AllocError(RuntimeError):
@@ -138,7 +140,14 @@ class Allocator:
         return Job.from_json(kv.json(), kv.mod_revision) if kv else None
 
     def allocate_job(
-        self, job_id: int, user: str, uid: int, name: str, nodes: list[str], vni: int
+        self,
+        job_id: int,
+        user: str,
+        uid: int,
+        name: str,
+        nodes: list[str],
+        vni: int,
+        node_index: int = 0,
     ) -> Job:
         """All IPs of a job, its record and its name in one transaction; idempotent.
 
@@ -146,12 +155,20 @@ class Allocator:
         the same transaction when a node has no free address), so hosts route a node's
         pods through that node. The transaction also takes the job name (newest job
         wins: the previous owner's name records go) and, when it loses because another
-        node allocated the job first, returns that job (one round trip either way). Jobs
-        of more than `READ_FIRST_NODES` nodes are read first, so that their many nodes do
-        not each build and send a large transaction only to learn that it exists. The
-        pods' DNS records are written by each node with its pod (`publish_pod`).
+        node allocated the job first, returns that job (one round trip either way). In
+        jobs of more than `READ_FIRST_NODES` nodes only the first node (`node_index` 0)
+        allocates at once; the others wait for its job record (`_await_job`, a few short
+        reads) and allocate themselves only if it never comes (first node slow or gone):
+        all nodes start together, and hundreds of large transactions of which one wins
+        cost etcd and the nodes more than the job's allocation itself (measured with
+        `make bench-scale`). The pods' DNS records are written by each node with its pod
+        (`publish_pod`).
         """
         read_first = len(nodes) > READ_FIRST_NODES
+        if read_first and node_index != 0:
+            existing = self._await_job(job_id)
+            if existing:
+                return _same_job(existing, user, nodes)
         for attempt in range(MAX_ATTEMPTS):
             if read_first or attempt:
                 existing = self.get_job(job_id)
@@ -193,6 +210,19 @@ class Allocator:
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def _await_job(self, job_id: int) -> Job | None:
+        """The job record once the job's first node has written it, or None after
+        `LEADER_WAIT` seconds (reads back off from 2 to 64 ms: etcd sees a few cheap
+        range reads per waiting node, not a transaction)."""
+        end = time.monotonic() + LEADER_WAIT
+        pause = 0.002
+        while True:
+            job = self.get_job(job_id)
+            if job is not None or time.monotonic() >= end:
+                return job
+            time.sleep(min(pause, max(0.0, end - time.monotonic())))
+            pause = min(pause * 2, 0.064)
 
     def name_records(self, user: str, label: str) -> str:
         """SkyDNS prefix of a job name's records (`<label>.<user>.<zone>`)."""

@@ -6,15 +6,19 @@ from __future__ import annotations
 import ipaddress
 import itertools
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from podnet import cli, names
+from fake_etcd import FakeEtcd
+from podnet import alloc, cli, names
 from podnet.agent import PodnetError
+from podnet.alloc import Allocator
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.ipam import Ipam, PoolExhausted
 from podnet.metrics import Histogram
+from podnet.names import Keys
 from podnet.server import Admission, Handler, Limits, Peer
 
 # -- names -------------------------------------------------------------------------------
@@ -262,3 +266,86 @@ def test_setup_histogram_is_cumulative() -> None:
     for (c0, n0), (c1, n1) in itertools.pairwise(before):
         assert n0 < n1 and all(x <= y for x, y in zip(c0, c1, strict=True))
     assert h.sum == pytest.approx(1500 * 0.055)
+
+
+# -- the allocation transaction (fake etcd) ----------------------------------------------
+
+
+def _allocator(etcd: Any) -> Allocator:
+    return Allocator(
+        etcd, Keys("u"), Ipam(ipaddress.IPv4Network("198.18.0.0/20"), 26), "u", 4096, 8191
+    )
+
+
+def test_allocation_is_idempotent_and_takes_ips_from_each_nodes_block() -> None:
+    etcd = FakeEtcd()
+    a, b = _allocator(etcd), _allocator(etcd)
+    vni = a.user_vni("alice", 2001)
+    assert b.user_vni("alice", 2001) == vni  # once, for ever
+    job = a.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni)
+    assert job.label == "my-job" and len(set(job.ips)) == 2
+    b.load_view()
+    again = b.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni, 1)
+    assert again.ips == job.ips  # the other node gets the same job back
+    blocks = {
+        kv.key.rsplit("/", 1)[-1]: kv.json()["node"]
+        for kv in etcd.get_prefix("/podnet/u/blocks/")[0]
+    }
+    for node, ip in zip(job.nodes, job.ips, strict=True):
+        owner = [
+            n
+            for blk, n in blocks.items()
+            if ipaddress.ip_address(ip) in ipaddress.ip_network(blk.replace("-", "/"))
+        ]
+        assert owner == [node]
+    a.release_job(job)
+    assert etcd.get_prefix("/podnet/u/ips/")[0] == []
+    assert etcd.get("/podnet/u/jobs/5") is None
+
+
+def test_concurrent_jobs_never_share_an_ip() -> None:
+    etcd = FakeEtcd()
+    nodes = [f"n{i}" for i in range(4)]
+    allocs = {n: _allocator(etcd) for n in nodes}
+    vni = allocs["n0"].user_vni("alice", 2001)
+    jobs: dict[tuple[int, str], Any] = {}
+
+    def one(job_id: int, node: str) -> None:
+        jobs[(job_id, node)] = allocs[node].allocate_job(
+            job_id, "alice", 2001, "j", nodes, vni, nodes.index(node)
+        )
+
+    threads = [threading.Thread(target=one, args=(j, n)) for j in range(10, 40) for n in nodes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(jobs) == 30 * 4
+    by_job = {j: got.ips for (j, _n), got in jobs.items()}
+    for (j, _n), got in jobs.items():
+        assert got.ips == by_job[j]  # every node of a job sees the same allocation
+    every = [ip for ips in by_job.values() for ip in ips]
+    assert len(every) == len(set(every)) == 30 * 4
+
+
+def test_large_jobs_other_nodes_wait_for_the_first_instead_of_racing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    etcd = FakeEtcd()
+    nodes = [f"n{i}" for i in range(40)]
+    first, other = _allocator(etcd), _allocator(etcd)
+    vni = first.user_vni("alice", 2001)
+    got: list[Any] = []
+    waiter = threading.Thread(
+        target=lambda: got.append(other.allocate_job(7, "alice", 2001, "big", nodes, vni, 5))
+    )
+    waiter.start()
+    before = etcd.txns
+    job = first.allocate_job(7, "alice", 2001, "big", nodes, vni, 0)
+    waiter.join(10)
+    assert got and got[0].ips == job.ips
+    assert etcd.txns == before + 1, "a waiting node sent an allocation transaction"
+    # the first node never comes: after LEADER_WAIT a waiting node allocates itself
+    monkeypatch.setattr(alloc, "LEADER_WAIT", 0.05)
+    alone = other.allocate_job(8, "alice", 2001, "big", nodes, vni, 3)
+    assert len(set(alone.ips)) == 40 and etcd.get("/podnet/u/jobs/8") is not None
