@@ -14,7 +14,7 @@ version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"
     "$root/agent/pyproject.toml")
 out=$cache/artifacts/podnet-wheelhouse-$version
 # pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
-pins=$(grep -E '^(pyroute2|etcd3gw|prometheus-client|PyYAML|requests)==' "$root/requirements-dev.txt" || true)
+pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML|requests)==' "$root/requirements-dev.txt" || true)
 # the sources only (never agent/build or other build leftovers): the same sources give the
 # same inputs, and (SOURCE_DATE_EPOCH, built from a clean copy) the same wheel bytes, in any
 # checkout, so the agent role never reinstalls an unchanged podnet
@@ -39,7 +39,7 @@ reqs=$tmp/requirements.txt
     echo "$pins"
     # what pyproject.toml asks for, for anything not pinned above
     "$py" -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"rb"))["project"]["dependencies"]))' \
-        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|etcd3gw|prometheus-client)[<>=!~ ]' || true
+        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client|PyYAML|requests)[<>=!~ ]' || true
 } | sed '/^$/d' >"$reqs"
 download() {
     "$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \

@@ -41,9 +41,6 @@ class Ipam:
         self.n_blocks = 1 << (block_prefix - pod_cidr.prefixlen)
 
     # -- blocks ------------------------------------------------------------------------
-    def block_of(self, ip: str) -> ipaddress.IPv4Network:
-        return ipaddress.IPv4Network(f"{ip}/{self.block_prefix}", strict=False)
-
     def set_block(self, block: ipaddress.IPv4Network, node: str | None) -> None:
         with self.lock:
             old = self.blocks.pop(block, None)
@@ -53,10 +50,6 @@ class Ipam:
                 self.blocks[block] = node
                 self.node_blocks.setdefault(node, []).append(block)
                 self.node_blocks[node].sort()
-
-    def blocks_of(self, node: str) -> list[ipaddress.IPv4Network]:
-        with self.lock:
-            return list(self.node_blocks.get(node, []))
 
     def free_blocks(self, node: str, count: int) -> list[ipaddress.IPv4Network]:
         """`count` unowned blocks, searched from a per-node starting point (less contention)."""
@@ -86,10 +79,6 @@ class Ipam:
                 else:
                     self.used.discard(n)
 
-    def is_used(self, ip: str) -> bool:
-        with self.lock:
-            return ip_to_int(ip) in self.used
-
     def candidate(self, node: str) -> str | None:
         """A free address from one of `node`'s blocks, reserved locally until released."""
         with self.lock:
@@ -110,15 +99,3 @@ class Ipam:
         with self.lock:
             for ip in ips:
                 self.pending.discard(ip_to_int(ip))
-
-    def free_in_node(self, node: str) -> int:
-        with self.lock:
-            total = 0
-            for b in self.node_blocks.get(node, []):
-                first = int(b.network_address)
-                total += sum(
-                    1
-                    for n in range(first, first + b.num_addresses)
-                    if n not in self.used and n not in self.pending and n not in self._reserved
-                )
-            return total

@@ -1,7 +1,8 @@
-"""etcd v3 through its JSON gateway (etcd3gw transport), with the few primitives podnet needs.
+"""etcd v3 through its JSON gateway, with the few primitives podnet needs.
 
-etcd3gw 2.7 gives the HTTP transport and error mapping; transactions, leases and watches
-are written against the v3 JSON API directly (the same on etcd 3.4 and 3.5). Every thread
+Transactions, leases and watches are written against the v3 JSON API with `requests`
+(the same on etcd 3.4 and 3.5; the grpc clients either fail to import with protobuf >= 4
+or add a large dependency, docs/dependencies.md). Every thread
 gets its own `requests.Session` (TLS client certificate, `trust_env=False` so no proxy
 variable can redirect etcd traffic). Endpoints are tried in order; a failing endpoint is
 moved to the back.
@@ -10,18 +11,14 @@ moved to the back.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import requests
-from etcd3gw.client import Etcd3Client
 
 log = logging.getLogger("podnet.store")
 
@@ -42,12 +39,6 @@ def b64(s: str | bytes) -> str:
 
 def unb64(s: str) -> str:
     return base64.b64decode(s).decode()
-
-
-def prefix_end(prefix: str) -> str:
-    b = bytearray(prefix.encode())
-    b[-1] += 1
-    return bytes(b).decode("latin-1")
 
 
 def _range_end_b64(prefix: str) -> str:
@@ -121,10 +112,6 @@ def cmp_absent(key: str) -> dict[str, Any]:
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
-def cmp_mod(key: str, rev: int) -> dict[str, Any]:
-    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(rev)}
-
-
 @dataclass
 class TxnResult:
     succeeded: bool
@@ -171,17 +158,6 @@ class Etcd:
                 s.cert = (self.cert, self.key)
             self._local.session = s
         return s
-
-    def client(self, endpoint: str, session: requests.Session | None = None) -> Etcd3Client:
-        u = urlsplit(endpoint)
-        return Etcd3Client(
-            host=u.hostname or "127.0.0.1",
-            port=u.port or 2379,
-            protocol=u.scheme or "http",
-            timeout=self.timeout,
-            api_path="/v3/",
-            session=session or self._session(),
-        )
 
     def post(self, path: str, payload: dict[str, Any], timeout: float | None = None) -> Any:
         with self._ep_lock:
@@ -286,10 +262,6 @@ class Etcd:
         r = self.post("lease/keepalive", {"ID": lease})
         res = r.get("result", r)
         return int(res.get("TTL", 0))
-
-    def lease_revoke(self, lease: int) -> None:
-        with contextlib.suppress(EtcdRequestError):  # already expired
-            self.post("kv/lease/revoke", {"ID": lease})
 
     def lease_ttl(self, lease: int) -> int:
         r = self.post("kv/lease/timetolive", {"ID": lease})
@@ -403,15 +375,6 @@ class Etcd:
                 if not res.get("events") and not res.get("created") and hdr.get("revision"):
                     next_rev = max(next_rev, int(hdr["revision"]) + 1)
         return next_rev
-
-
-def wait_until(fn: Callable[[], bool], timeout: float, step: float = 0.05) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if fn():
-            return True
-        time.sleep(step)
-    return fn()
 
 
 def json_dumps(value: Any) -> str:
