@@ -39,7 +39,7 @@ reqs=$tmp/requirements.txt
     echo "$pins"
     # what pyproject.toml asks for, for anything not pinned above
     "$py" -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"rb"))["project"]["dependencies"]))' \
-        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client|PyYAML|requests)[<>=!~ ]' || true
+        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client)[<>=!~ ]' || true
 } | sed '/^$/d' >"$reqs"
 download() {
     "$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \
