@@ -707,10 +707,13 @@ class Agent:
         for vni in ports:
             if vni not in vnis:
                 self.dp.remove_user(vni)
-        # the host network stays as it was (links of an older podnetd had addresses)
+        # the host network stays as it was (links of an older podnetd had addresses);
+        # removing a link's last IPv4 address drops its routes: the pods' /32 come back
         removed = self.dp.scrub_host_links()
         if removed:
             log.info("reconcile: removed %d addresses from podnet links", removed)
+        with self.lock:
+            self.dp.set_pod_routes({p.ip: p.vni for p in self.pods.values()})
         for vni in vnis:
             self.etcd.put(self.keys.vtep(vni, self.cfg.node), {"ip": self.cfg.underlay_ip})
             self.registered_vteps.add(vni)

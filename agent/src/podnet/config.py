@@ -7,6 +7,7 @@ naming the setting, and the daemon exits with status 2.
 from __future__ import annotations
 
 import ipaddress
+import pwd
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,25 @@ def _strlist(v: Any, key: str, where: str) -> list[str]:
     return list(v)
 
 
+def _uid(v: Any, where: str) -> int:
+    """A user name or uid of `host_users`, as a uid (the name must exist on the node)."""
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not 0 <= v < 2**32 - 1:
+            raise ConfigError(f"{where}: 'host_users': uid out of range: {v}")
+        return v
+    if not isinstance(v, str) or not v:
+        raise ConfigError(f"{where}: 'host_users' entries must be user names or uids")
+    if v.isdigit():
+        return _uid(int(v), where)
+    try:
+        return pwd.getpwnam(v).pw_uid
+    except KeyError:
+        raise ConfigError(
+            f"{where}: 'host_users': unknown user {v!r} on this node "
+            "(list only users that exist here, or give a uid)"
+        ) from None
+
+
 @dataclass
 class NodeConfig:
     node: str
@@ -101,12 +121,17 @@ class NodeConfig:
     max_connections_per_user: int = 8
     roles: list[str] = field(default_factory=list)
     log_level: str = "info"
+    #: users (names or uids) whose host-side sockets may open connections to pods:
+    #: root, the Slurm user (slurmctld); every other host-side socket reaches no pod
+    host_users: list[str] = field(default_factory=lambda: ["root"])
+    #: host_users resolved to uids (at load; not a setting)
+    host_uids: list[int] = field(default_factory=lambda: [0])
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> NodeConfig:
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a mapping at the top level")
-        known = set(cls.__dataclass_fields__)
+        known = set(cls.__dataclass_fields__) - {"host_uids"}
         extra = sorted(set(d) - known)
         if extra:
             raise ConfigError(f"{where}: unknown setting(s): {', '.join(extra)}")
@@ -186,6 +211,12 @@ class NodeConfig:
             if lv not in ("debug", "info", "warning", "error"):
                 raise ConfigError(f"{where}: 'log_level' must be debug|info|warning|error")
             c.log_level = lv
+        if "host_users" in d:
+            v = d["host_users"]
+            if not isinstance(v, list) or not v:
+                raise ConfigError(f"{where}: 'host_users' must be a non-empty list")
+            c.host_users = [str(x) for x in v]
+            c.host_uids = [_uid(x, where) for x in v]
         return c
 
     @classmethod

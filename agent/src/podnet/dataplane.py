@@ -5,9 +5,15 @@ per pod, one socket opened inside the new netns by a worker thread (no fork). A 
 
 * netns file `<netns_dir>/<name>`; `lo` up; `eth0` (veth peer, MAC derived from the IP)
   with `<ip>/<pod prefix>`, MTU underlay - 50, default route via the anycast gateway
-  (`gateway_ip`, on every user bridge of every node, MAC `GATEWAY_MAC`).
+  (`gateway_ip`: a static neighbour entry in the pod to `GATEWAY_MAC`, the MAC of every
+  user bridge of every node).
 * host end `pnv<12 hex>` in the user's bridge `pnbr<vni>`, a /32 route to the pod on
   that bridge (hosts reach the pod without NAT).
+
+The host network stays as it was: podnet's host-side links (bridges, VXLANs, veth host
+ends) carry no address at all, IPv4 or IPv6 (address generation off), so applications
+that enumerate interfaces (MPI, PMIx, UCX, NCCL) never pick one. The host forwards from
+an address-less bridge and answers pods from its underlay address.
 
 Teardown removes the netns file; the kernel reaps the veth. The bridge and VXLAN of a
 user are removed with the user's last pod on the node.
@@ -94,7 +100,7 @@ class Dataplane:
         return sock
 
     # -- users -------------------------------------------------------------------------
-    def ensure_user(self, vni: int, gateway_ip: str, vteps: list[str]) -> int:
+    def ensure_user(self, vni: int, vteps: list[str]) -> int:
         """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex.
 
         The FDB of the VXLAN is set to exactly `vteps` (remote underlay IPs).
@@ -103,10 +109,13 @@ class Dataplane:
         with self.lock:
             links = nl.links(self.nl())
             if br not in links:
-                self.nl().batch([nl.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50)])
+                self.nl().batch(
+                    [nl.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50), *nl.host_link_up(br)]
+                )
                 links = nl.links(self.nl())
+            else:  # no address: reconcile removed an older podnetd's (scrub_host_links)
+                self.nl().batch(nl.host_link_up(br))
             bri = int(links[br]["index"])
-            self.nl().batch([nl.addr(bri, gateway_ip, 32), nl.link_up(bri)])
             if vx not in links:
                 self.nl().batch(
                     [
@@ -118,7 +127,8 @@ class Dataplane:
                             self.vxlan_port,
                             self.underlay_mtu - 50,
                             bri,
-                        )
+                        ),
+                        *nl.host_link_up(vx),
                     ]
                 )
                 links = nl.links(self.nl())
@@ -160,6 +170,27 @@ class Dataplane:
             if reqs:
                 self.nl().batch(reqs)
 
+    def scrub_host_links(self) -> int:
+        """Remove every address from podnet's host-side links and turn their IPv6 address
+        generation off (links made by an older podnetd carried the gateway address and an
+        fe80:: address); returns the number of addresses removed."""
+        links = nl.links(self.nl())
+        ours = {
+            int(v["index"]): k
+            for k, v in links.items()
+            if is_veth_name(k) or k.startswith(("pnbr", "pnvx"))
+        }
+        reqs = [
+            nl.del_addr(i, fam, ip, plen)
+            for i, fam, ip, plen in nl.addresses(self.nl())
+            if i in ours
+        ]
+        n = len(reqs)
+        reqs += [nl.no_ipv6_ll(i) for i in sorted(ours)]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+        return n
+
     def user_ports(self) -> dict[int, int]:
         """vni -> number of pod ports in that user's bridge."""
         links = nl.links(self.nl())
@@ -197,7 +228,12 @@ class Dataplane:
         try:
             fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
             try:
-                self.nl().batch([nl.veth(veth, "eth0", fd, mtu, bridge_index, PLACEHOLDER_MAC)])
+                self.nl().batch(
+                    [
+                        nl.veth(veth, "eth0", fd, mtu, bridge_index, PLACEHOLDER_MAC),
+                        *nl.host_link_up(veth),
+                    ]
+                )
             finally:
                 os.close(fd)
             plinks = nl.links(pod_nl)
@@ -321,6 +357,23 @@ class Dataplane:
             nl.route(d, 32, delete=True)
             for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
             if plen == 32 and not gw and d not in keep
+        ]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+
+    def set_pod_routes(self, pods: dict[str, int]) -> None:
+        """(Re)install the /32 route of each local pod (ip -> vni) on its user's bridge."""
+        links = nl.links(self.nl())
+        reqs = [
+            nl.route(
+                ip,
+                32,
+                oif=int(links[bridge_name(vni)]["index"]),
+                scope=nl.RT_SCOPE_LINK,
+                replace=True,
+            )
+            for ip, vni in sorted(pods.items())
+            if bridge_name(vni) in links
         ]
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)

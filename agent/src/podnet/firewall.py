@@ -6,6 +6,9 @@ Two tables, owned by podnetd alone (docs/agent.md explains every rule):
   and ARP only), the shared gateway MAC never crosses VXLAN.
 * `inet podnet`: VXLAN only from registered node underlay IPs; routed pod <-> pod
   dropped; pods <-> cluster host networks allowed; pods <-> anything else dropped.
+  Locally generated: a user socket never emits VXLAN (the kernel's tunnels own no user
+  socket, so `meta skuid` does not match them), and only the `host_uids` (root, the
+  Slurm user) open connections to pods: a user's host-side process reaches no pod.
 
 Per pod, one element in `bridge podnet ports` (add/delete through libnftables JSON,
 ~0.15 ms). A full replace (delete + recreate both tables in one transaction) is used
@@ -32,18 +35,28 @@ class FirewallError(RuntimeError):
     pass
 
 
+#: Flannel's VXLAN port (HPK-style containers): no user socket may emit it either
+FLANNEL_VXLAN_PORT = 8472
+#: `meta skuid` in this range: the packet belongs to a socket with an owner (a process's);
+#: packets of no socket (the kernel's VXLAN, ICMP errors, RSTs) never match
+ANY_UID = "0-4294967295"
+
+
 def ruleset(
     pod_cidr: str,
-    gateway_ip: str,
     vxlan_port: int,
     allowed: list[str],
     vteps: list[str],
     ports: list[tuple[str, str, str]],
+    host_uids: list[int] | None = None,
 ) -> str:
     """The whole podnet ruleset (nft syntax) for an atomic replace."""
 
     def elems(items: list[str]) -> str:
         return f"elements = {{ {', '.join(items)} }}" if items else ""
+
+    vx_ports = elems([str(p) for p in sorted({vxlan_port, FLANNEL_VXLAN_PORT})])
+    uids = elems([str(u) for u in sorted(set(host_uids if host_uids is not None else [0]))])
 
     port_elems = elems([f'"{p}" . {m} . {i}' for p, m, i in ports])
     return f"""
@@ -74,12 +87,23 @@ delete table inet podnet
 table inet podnet {{
     set vteps {{ type ipv4_addr; {elems(vteps)} }}
     set hosts {{ type ipv4_addr; flags interval; auto-merge; {elems(allowed)} }}
+    set vxlan_ports {{ type inet_service; {vx_ports} }}
+    set host_uids {{ type uid; {uids} }}
     chain input {{
         type filter hook input priority -10; policy accept;
         udp dport {vxlan_port} ip saddr != @vteps drop
+        iifname "pnbr*" udp dport @vxlan_ports drop
         iifname "pnbr*" ip daddr @hosts accept
-        iifname "pnbr*" ip daddr {gateway_ip} icmp type echo-request accept
         iifname "pnbr*" drop
+    }}
+    chain output {{
+        type filter hook output priority -10; policy accept;
+        # VXLAN only from the kernel's tunnels (no socket owner), never from a user socket
+        udp dport @vxlan_ports meta skuid {ANY_UID} drop
+        # hosts reach pods: replies, and connections of the system identities only
+        ip daddr {pod_cidr} ct state established,related accept
+        ip daddr {pod_cidr} meta skuid @host_uids accept
+        ip daddr {pod_cidr} meta skuid {ANY_UID} drop
     }}
     chain forward {{
         type filter hook forward priority -10; policy accept;
@@ -87,6 +111,7 @@ table inet podnet {{
         # (bridge device in and out); routed ones were addressed to the gateway MAC
         iifname "pnbr*" oifname "pnbr*" ether daddr != {GATEWAY_MAC} accept
         ip saddr {pod_cidr} ip daddr {pod_cidr} drop
+        ip saddr {pod_cidr} udp dport @vxlan_ports drop
         ip saddr {pod_cidr} ip daddr @hosts accept
         ip saddr @hosts ip daddr {pod_cidr} accept
         ip saddr {pod_cidr} drop
@@ -102,9 +127,9 @@ class Firewall:
     def __init__(
         self,
         pod_cidr: ipaddress.IPv4Network,
-        gateway_ip: str,
         vxlan_port: int,
         allowed: list[ipaddress.IPv4Network],
+        host_uids: list[int] | None = None,
     ) -> None:
         if nftables is None:
             raise FirewallError("python3-nftables (libnftables) is not installed")
@@ -112,9 +137,9 @@ class Firewall:
         self.nft.set_json_output(True)
         self.lock = threading.Lock()
         self.pod_cidr = str(pod_cidr)
-        self.gateway_ip = gateway_ip
         self.vxlan_port = vxlan_port
         self.allowed = [str(n) for n in allowed]
+        self.host_uids = list(host_uids) if host_uids is not None else [0]
 
     def _cmd(self, text: str) -> None:
         with self.lock:
@@ -132,11 +157,11 @@ class Firewall:
         self._cmd(
             ruleset(
                 self.pod_cidr,
-                self.gateway_ip,
                 self.vxlan_port,
                 self.allowed,
                 sorted(set(vteps)),
                 ports,
+                self.host_uids,
             )
         )
 

@@ -42,6 +42,7 @@ RTM_NEWLINK = 16
 RTM_DELLINK = 17
 RTM_GETLINK = 18
 RTM_NEWADDR = 20
+RTM_DELADDR = 21
 RTM_GETADDR = 22
 RTM_NEWROUTE = 24
 RTM_DELROUTE = 25
@@ -51,7 +52,10 @@ RTM_DELNEIGH = 29
 RTM_GETNEIGH = 30
 
 AF_INET = socket.AF_INET
+AF_INET6 = socket.AF_INET6
 AF_BRIDGE = 7
+#: IFLA_INET6_ADDR_GEN_MODE: the kernel generates no IPv6 link-local address
+IN6_ADDR_GEN_MODE_NONE = 1
 IFF_UP = 0x1
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
@@ -218,6 +222,38 @@ def link_up(index: int) -> Request:
     return Request(m, RTM_NEWLINK, _SET, f"link {index} up")
 
 
+_NO_IPV6_LL = (
+    "IFLA_AF_SPEC",
+    {"attrs": [("AF_INET6", {"attrs": [("IFLA_INET6_ADDR_GEN_MODE", IN6_ADDR_GEN_MODE_NONE)]})]},
+)
+
+
+def host_link_up(name: str) -> list[Request]:
+    """Bring up a host-side podnet link with IPv6 address generation off, so that it never
+    gets an fe80:: address that host applications enumerating interfaces (MPI, PMIx, UCX)
+    would pick. By name, so that it can follow the link's creation in the same batch.
+    Measured on 6.18: the kernel refuses IFLA_AF_SPEC in the creating request
+    (EAFNOSUPPORT), and in one request it brings the link up before applying
+    IFLA_AF_SPEC (a VXLAN has carrier at once and got its fe80::): links are created
+    down, then address generation is turned off, then they go up."""
+    m = ifinfmsg()
+    m["attrs"] = [("IFLA_IFNAME", name), _NO_IPV6_LL]
+    off = Request(m, RTM_NEWLINK, _SET, f"link {name} addrgenmode none")
+    m = ifinfmsg()
+    m["flags"] = IFF_UP
+    m["change"] = IFF_UP
+    m["attrs"] = [("IFLA_IFNAME", name)]
+    return [off, Request(m, RTM_NEWLINK, _SET, f"link {name} up")]
+
+
+def no_ipv6_ll(index: int) -> Request:
+    """IPv6 address generation off on an existing link (upgrade: links made before)."""
+    m = ifinfmsg()
+    m["index"] = index
+    m["attrs"] = [_NO_IPV6_LL]
+    return Request(m, RTM_NEWLINK, _SET, f"link {index} addrgenmode none", ignore=(errno.ENODEV,))
+
+
 def link_up_with_mac(index: int, mac: str) -> Request:
     """Set a link's MAC address and bring it up (one request)."""
     m = ifinfmsg()
@@ -231,10 +267,9 @@ def link_up_with_mac(index: int, mac: str) -> Request:
 def veth(
     host_name: str, peer_name: str, netns_fd: int, mtu: int, master: int, peer_mac: str
 ) -> Request:
-    """Veth pair: host end up in `master`, peer (fixed name and MAC, down) in another netns."""
+    """Veth pair: host end (down: `host_link_up` follows) in `master`, peer (fixed name
+    and MAC, down) in another netns."""
     m = ifinfmsg()
-    m["flags"] = IFF_UP
-    m["change"] = IFF_UP
     # the peer cannot be set up here (veth_open of a half-created pair: ENOTCONN);
     # the pod side brings it up in its own batch
     peer = {
@@ -263,9 +298,8 @@ def veth(
 
 
 def bridge(name: str, mac: str, mtu: int) -> Request:
+    """A bridge, down (`host_link_up` follows)."""
     m = ifinfmsg()
-    m["flags"] = IFF_UP
-    m["change"] = IFF_UP
     m["attrs"] = [
         ("IFLA_IFNAME", name),
         ("IFLA_MTU", mtu),
@@ -276,9 +310,8 @@ def bridge(name: str, mac: str, mtu: int) -> Request:
 
 
 def vxlan(name: str, vni: int, local: str, link: int, port: int, mtu: int, master: int) -> Request:
+    """A VXLAN device, down (`host_link_up` follows)."""
     m = ifinfmsg()
-    m["flags"] = IFF_UP
-    m["change"] = IFF_UP
     m["attrs"] = [
         ("IFLA_IFNAME", name),
         ("IFLA_MTU", mtu),
@@ -321,6 +354,24 @@ def addr(index: int, ip: str, prefix: int) -> Request:
     m["index"] = index
     m["attrs"] = [("IFA_LOCAL", ip), ("IFA_ADDRESS", ip)]
     return Request(m, RTM_NEWADDR, _NEW, f"address {ip}/{prefix}", ignore=(errno.EEXIST,))
+
+
+def del_addr(index: int, family: int, ip: str, prefix: int) -> Request:
+    m = ifaddrmsg()
+    m["family"] = family
+    m["prefixlen"] = prefix
+    m["index"] = index
+    attrs: list[tuple[str, Any]] = [("IFA_ADDRESS", ip)]
+    if family == AF_INET:
+        attrs.insert(0, ("IFA_LOCAL", ip))
+    m["attrs"] = attrs
+    return Request(
+        m,
+        RTM_DELADDR,
+        _SET,
+        f"delete address {ip}/{prefix}",
+        ignore=(errno.EADDRNOTAVAIL, errno.ENODEV, errno.ENOENT),
+    )
 
 
 def route(
@@ -478,6 +529,20 @@ def first_ipv4(nl: Netlink, ifname: str) -> str | None:
         if msg["index"] == index:
             return str(msg.get_attr("IFA_LOCAL") or msg.get_attr("IFA_ADDRESS"))
     return None
+
+
+def addresses(nl: Netlink) -> list[tuple[int, int, str, int]]:
+    """(ifindex, family, address, prefix length) of every IPv4 and IPv6 address."""
+    out: list[tuple[int, int, str, int]] = []
+    for family in (int(AF_INET), int(AF_INET6)):
+        m = ifaddrmsg()
+        m["family"] = family
+        for msg in nl.dump(m, RTM_GETADDR):
+            ip = msg.get_attr("IFA_LOCAL") if family == AF_INET else None
+            ip = ip or msg.get_attr("IFA_ADDRESS")
+            if ip:
+                out.append((int(msg["index"]), family, str(ip), int(msg["prefixlen"])))
+    return out
 
 
 def mac_for_ip(ip: str) -> str:
