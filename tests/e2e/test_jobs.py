@@ -96,12 +96,18 @@ int main(int argc, char **argv) {
 """
 
 
-def test_mpi_hello_world_with_pmix_across_two_nodes() -> None:
+def build_mpi_hello() -> str:
+    """Compile MPI_HELLO on the login node; returns the program's path there."""
     ssh(
         "login",
         f"cat > /tmp/hello_mpi.c <<'EOF'\n{MPI_HELLO}\nEOF\n"
         "mpicc -o /tmp/hello_mpi /tmp/hello_mpi.c && chmod 755 /tmp/hello_mpi",
     )
+    return "/tmp/hello_mpi"
+
+
+def test_mpi_hello_world_with_pmix_across_two_nodes() -> None:
+    build_mpi_hello()
     out = ssh(
         "login",
         "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "

@@ -20,6 +20,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -1044,28 +1046,96 @@ static int check_name(const char *name, const char *what, char *why,
 	return 0;
 }
 
+#ifndef OPEN_TREE_CLONE
+#define OPEN_TREE_CLONE 1
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
+
+/* A detached copy of the mount tree at path (open_tree), or -1 (not a mount,
+ * or a kernel without the new mount API). */
+static int clone_tree(const char *path)
+{
+#ifdef SYS_open_tree
+	struct stat a, b;
+
+	if (stat("/sys", &a) < 0 || stat(path, &b) < 0 || a.st_dev == b.st_dev)
+		return -1; /* not a mount point of its own */
+	return (int) syscall(SYS_open_tree, AT_FDCWD, path,
+			     OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_RECURSIVE);
+#else
+	(void) path;
+	return -1;
+#endif
+}
+
+static void attach_tree(int fd, const char *path)
+{
+#ifdef SYS_move_mount
+	if (fd >= 0)
+		(void) syscall(SYS_move_mount, fd, "", AT_FDCWD, path,
+			       MOVE_MOUNT_F_EMPTY_PATH);
+#else
+	(void) path;
+#endif
+	if (fd >= 0)
+		close(fd);
+}
+
 int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
 {
 	char src[128];
 	struct stat st;
+	struct statvfs sv;
+	unsigned long sysfs_flags = MS_NOSUID | MS_NODEV | MS_NOEXEC;
+	int cgroup;
 
 	if (why && whysz)
 		why[0] = '\0';
 	if (check_name(name, "pod", why, whysz) < 0)
 		return -1;
-	snprintf(src, sizeof(src), "/etc/netns/%s/resolv.conf", name);
-	if (lstat(src, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != 0)
-		return 0; /* no pod resolver: keep the node's */
 	if (unshare(CLONE_NEWNS) < 0) {
 		pn_fmt(why, whysz, "unshare(CLONE_NEWNS): %s", strerror(errno));
 		return -1;
 	}
 	/* never propagate our mounts back to the node */
-	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0 ||
+	if (mount(NULL, "/", NULL, MS_REC | MS_SLAVE, NULL) < 0) {
+		pn_fmt(why, whysz, "mount --make-rslave /: %s", strerror(errno));
+		return -1;
+	}
+	snprintf(src, sizeof(src), "/etc/netns/%s/resolv.conf", name);
+	if (lstat(src, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == 0 &&
 	    mount(src, "/etc/resolv.conf", NULL, MS_BIND, NULL) < 0) {
 		pn_fmt(why, whysz, "bind %s: %s", src, strerror(errno));
 		return -1;
 	}
+	/* the pod's own /sys (as `ip netns exec` does): a sysfs mounted now shows
+	 * the network namespace we are in, the pod's, so /sys/class/net lists
+	 * the pod's interfaces and not every user's bridge and VXLAN. The cgroup
+	 * tree under the old /sys is carried over (hwloc, MPI read it). */
+	if (statvfs("/sys", &sv) == 0 && (sv.f_flag & ST_RDONLY))
+		sysfs_flags |= MS_RDONLY;
+	cgroup = clone_tree("/sys/fs/cgroup");
+	if (umount2("/sys", MNT_DETACH) < 0 && errno != EINVAL) {
+		pn_fmt(why, whysz, "umount /sys: %s", strerror(errno));
+		if (cgroup >= 0)
+			close(cgroup);
+		return -1;
+	}
+	if (mount(name, "/sys", "sysfs", sysfs_flags, NULL) < 0) {
+		pn_fmt(why, whysz, "mount sysfs on /sys: %s", strerror(errno));
+		if (cgroup >= 0)
+			close(cgroup);
+		return -1;
+	}
+	attach_tree(cgroup, "/sys/fs/cgroup");
 	return 0;
 }
 

@@ -107,11 +107,13 @@ int pn_call(const char *sock_path, const char *req, size_t reqlen,
 int pn_open_netns(const char *path, char *why, size_t whysz);
 
 /*
- * The pod's resolver (what `ip netns exec` does): in a private mount namespace
- * of the calling process, bind-mounts /etc/netns/<name>/resolv.conf onto
- * /etc/resolv.conf. name is the netns name (checked like pn_open_netns).
- * Returns 0 (also when the pod has no resolv.conf), -1 with a reason in why.
- * Must run as root, in the process that will exec the user's program.
+ * The pod's mounts (what `ip netns exec` does), after setns into the pod: in a
+ * private mount namespace of the calling process (always, MS_SLAVE|MS_REC on /),
+ * bind-mounts /etc/netns/<name>/resolv.conf onto /etc/resolv.conf when it
+ * exists, and mounts a fresh sysfs on /sys (the pod's interfaces only; the
+ * cgroup tree under /sys/fs/cgroup is kept). name is the netns name (checked
+ * like pn_open_netns). Returns 0, -1 with a reason in why. Must run as root,
+ * single-threaded, in the process that will exec the user's program.
  */
 int pn_enter_pod_resolver(const char *name, char *why, size_t whysz);
 

@@ -1,0 +1,66 @@
+"""pn_enter_pod_resolver (roles/spank/files/podnet_client.c), shared by the SPANK plugin
+and the SSH side: a task entering a pod gets the pod's resolv.conf and its own /sys
+(only the pod's interfaces in /sys/class/net; the cgroup tree kept)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+SPANK_DIR = ROOT / "roles" / "spank" / "files"
+HERE = Path(__file__).resolve().parent
+
+
+def test_pod_resolver_binds_resolv_conf_and_mounts_the_pods_sysfs(tmp_path: Path) -> None:
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if not cc:
+        pytest.skip("no C compiler")
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root and unshare (mount and network namespaces)")
+    exe = tmp_path / "pod_resolver_driver"
+    subprocess.run(
+        [
+            cc,
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            f"-I{SPANK_DIR}",
+            "-o",
+            str(exe),
+            str(HERE / "pod_resolver_driver.c"),
+            str(SPANK_DIR / "podnet_client.c"),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    host_links = set(os.listdir("/sys/class/net"))
+    r = subprocess.run(
+        ["unshare", "--mount", "--net", "--propagation", "private", str(exe), "pn-j4242"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    assert "resolv nameserver 203.0.113.53" in lines, r.stdout
+    assert sorted(ln.split()[1] for ln in lines if ln.startswith("net ")) == ["lo"], r.stdout
+    had, has = next(ln for ln in lines if ln.startswith("cgroup ")).split()[1:]
+    assert has == had, f"/sys/fs/cgroup lost: {r.stdout}"
+    # nothing leaked into this mount namespace
+    assert set(os.listdir("/sys/class/net")) >= host_links - {"lo"}
+    # a bad name is refused before any mount
+    r = subprocess.run(
+        ["unshare", "--mount", "--net", "--propagation", "private", str(exe), "../x"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert r.returncode == 1 and "bad" in r.stdout, r.stdout + r.stderr
