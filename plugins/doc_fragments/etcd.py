@@ -36,6 +36,17 @@ options:
       - Seconds to wait for one HTTP request to one endpoint.
     type: float
     default: 10.0
+  login_user:
+    description:
+      - etcd user to log in as (C(/v3/auth/authenticate)) when etcd authentication is on.
+      - etcd's JSON gateway ignores the client certificate's common name once authentication
+        is on, so requests need a token. While authentication is off no token is needed and
+        this is ignored.
+    type: str
+  login_password:
+    description:
+      - Password of O(login_user).
+    type: str
 notes:
   - Needs no Python package on the managed node beyond Ansible itself (requests go through
     C(ansible.module_utils.urls)).

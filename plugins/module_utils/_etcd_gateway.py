@@ -31,12 +31,18 @@ ETCD_COMMON_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "client_cert": {"type": "path", "default": "/etc/podnet/pki/admin.crt"},
     "client_key": {"type": "path", "default": "/etc/podnet/pki/admin.key"},
     "timeout": {"type": "float", "default": 10.0},
+    "login_user": {"type": "str"},
+    "login_password": {"type": "str", "no_log": True},
 }
 
 # etcd refuses a membership change with this before proposing it (strict reconfig check),
 # also while a member reconnected less than 5 s ago: safe to retry for a few seconds.
 _UNHEALTHY_MARKER = "unhealthy cluster"
 RECONFIG_RETRY_SECONDS = 8.0
+
+# etcd's answer to auth/authenticate while authentication is off: no token needed.
+_AUTH_OFF_MARKER = "authentication is not enabled"
+_BAD_TOKEN_MARKERS = ("invalid auth token", "auth token is expired")
 
 # etcd errors worth one more try on the same or another endpoint.
 _TRANSIENT_MARKERS = (
@@ -99,6 +105,8 @@ class EtcdGateway:
         timeout: float = 10.0,
         opener: Opener = open_url,
         retries: int = 2,
+        login_user: str | None = None,
+        login_password: str | None = None,
     ) -> None:
         if not endpoints:
             raise EtcdGatewayError("no etcd endpoint given (option endpoints is empty)")
@@ -114,15 +122,24 @@ class EtcdGateway:
         self.timeout = timeout
         self.opener = opener
         self.retries = retries
+        # etcd's JSON gateway ignores the client certificate's common name once
+        # authentication is on: requests then carry a token from auth/authenticate.
+        self.login_user = login_user
+        self.login_password = login_password
+        self._token: str | None = None
+        self._token_checked = False
 
     # -- transport -------------------------------------------------------------------
     def _post_once(self, endpoint: str, path: str, body: Json) -> Json:
         url = f"{endpoint}/v3/{path}"
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = self._token
         try:
             resp = self.opener(
                 url,
                 data=json.dumps(body),
-                headers={"Content-Type": "application/json"},
+                headers=headers,
                 method="POST",
                 timeout=self.timeout,
                 validate_certs=True,
@@ -136,10 +153,15 @@ class EtcdGateway:
         except HTTPError as exc:
             detail = ""
             try:
-                payload = json.loads(exc.read() or b"{}")
+                err_body: bytes = exc.read() or b"{}"
+            except (OSError, AttributeError):
+                err_body = b"{}"
+            try:
+                payload = json.loads(err_body)
                 detail = payload.get("error") or payload.get("message") or ""
             except (ValueError, AttributeError):
-                pass
+                # etcd's plain-text refusals (embed/serve.go) are not JSON
+                detail = _plain_refusal(err_body)
             msg = f"{url}: HTTP {exc.code} {detail or exc.reason}"
             raise EtcdGatewayError(msg, code=exc.code) from exc
         except ssl.SSLError as exc:
@@ -182,12 +204,43 @@ class EtcdGateway:
                     raise
             time.sleep(1.0)
 
+    def authenticate(self, force: bool = False) -> None:
+        """Get a token for login_user (once; again with ``force``). No token while etcd's
+        authentication is off."""
+        if not self.login_user or (self._token_checked and not force):
+            return
+        self._token = None
+        self._token_checked = True
+        try:
+            data = self._post_all(
+                "auth/authenticate",
+                {"name": self.login_user, "password": self.login_password or ""},
+                idempotent=True,
+            )
+        except EtcdGatewayError as exc:
+            if _AUTH_OFF_MARKER in str(exc):
+                return
+            raise EtcdGatewayError(f"etcd login as {self.login_user!r} failed: {exc}") from exc
+        self._token = str(data.get("token") or "") or None
+
     def post(self, path: str, body: Json, idempotent: bool = True) -> Json:
         """POST to the first endpoint that answers; transient etcd errors are retried.
 
         A non-idempotent call (membership changes) moves on only when an endpoint
         refused the connection: a timeout or an etcd error may mean it was applied.
+        With login_user, a token is fetched first and fetched again once if etcd
+        says it expired (a refused request was not applied).
         """
+        self.authenticate()
+        try:
+            return self._post_all(path, body, idempotent)
+        except EtcdGatewayError as exc:
+            if not self.login_user or not any(m in str(exc) for m in _BAD_TOKEN_MARKERS):
+                raise
+        self.authenticate(force=True)
+        return self._post_all(path, body, idempotent)
+
+    def _post_all(self, path: str, body: Json, idempotent: bool) -> Json:
         errors: list[str] = []
         for attempt in range(self.retries + 1):
             for endpoint in self.endpoints:
@@ -267,6 +320,74 @@ class EtcdGateway:
     def member_promote(self, member_id: int) -> None:
         self.reconfigure("cluster/member/promote", {"ID": str(member_id)})
 
+    # -- auth (users, roles, key-range permissions) -------------------------------------
+    def auth_enabled(self) -> bool:
+        """etcd 3.5+ (auth/status)."""
+        data = self.post("auth/status", {})
+        return bool(data.get("enabled", False))
+
+    def auth_enable(self) -> None:
+        self.post("auth/enable", {}, idempotent=False)
+
+    def auth_disable(self) -> None:
+        self.post("auth/disable", {}, idempotent=False)
+
+    def user_list(self) -> list[str]:
+        return sorted(self.post("auth/user/list", {}).get("users") or [])
+
+    def user_roles(self, name: str) -> list[str]:
+        return sorted(self.post("auth/user/get", {"name": name}).get("roles") or [])
+
+    def user_add(self, name: str, password: str | None) -> None:
+        body: Json = {"name": name}
+        if password:
+            body["password"] = password
+        else:
+            body["options"] = {"no_password": True}
+        self.post("auth/user/add", body, idempotent=False)
+
+    def user_delete(self, name: str) -> None:
+        self.post("auth/user/delete", {"name": name}, idempotent=False)
+
+    def user_change_password(self, name: str, password: str) -> None:
+        self.post("auth/user/changepw", {"name": name, "password": password}, idempotent=False)
+
+    def user_grant_role(self, name: str, role: str) -> None:
+        self.post("auth/user/grant", {"user": name, "role": role}, idempotent=False)
+
+    def user_revoke_role(self, name: str, role: str) -> None:
+        self.post("auth/user/revoke", {"name": name, "role": role}, idempotent=False)
+
+    def role_list(self) -> list[str]:
+        return sorted(self.post("auth/role/list", {}).get("roles") or [])
+
+    def role_permissions(self, role: str) -> list[Json]:
+        """Permissions as dicts: ``type`` (read, write, readwrite), ``key`` and
+        ``range_end`` (decoded; range_end empty for a single key)."""
+        data = self.post("auth/role/get", {"role": role})
+        return [_decode_perm(p) for p in data.get("perm") or []]
+
+    def role_add(self, role: str) -> None:
+        self.post("auth/role/add", {"name": role}, idempotent=False)
+
+    def role_delete(self, role: str) -> None:
+        self.post("auth/role/delete", {"role": role}, idempotent=False)
+
+    def role_grant(self, role: str, perm: Json) -> None:
+        body = {
+            "name": role,
+            "perm": {
+                "permType": perm["type"].upper(),
+                "key": b64(perm["key"]),
+                "range_end": b64(perm["range_end"]),
+            },
+        }
+        self.post("auth/role/grant", body, idempotent=False)
+
+    def role_revoke(self, role: str, perm: Json) -> None:
+        body = {"role": role, "key": b64(perm["key"]), "range_end": b64(perm["range_end"])}
+        self.post("auth/role/revoke", body, idempotent=False)
+
     def endpoint_healthy(self, endpoint: str) -> bool:
         """True when this one endpoint answers a maintenance/status call."""
         try:
@@ -282,6 +403,19 @@ class _ConnectError(EtcdGatewayError):
     def __init__(self, message: str, before_send: bool = True) -> None:
         super().__init__(message)
         self.before_send = before_send
+
+
+_CN_REFUSAL = "CommonName of client sending a request against gateway"
+
+
+def _plain_refusal(body: bytes) -> str:
+    text = body.decode("utf-8", errors="replace")
+    if _CN_REFUSAL in text:
+        return (
+            "etcd authentication is on and its JSON gateway refuses client certificates with a "
+            "common name: use a certificate without one, with login_user and login_password"
+        )
+    return text.strip()[:200]
 
 
 def _header_revision(data: Json) -> int:
@@ -311,6 +445,20 @@ def _decode_member(member: Json) -> Json:
     }
 
 
+def prefix_end(prefix: str) -> str:
+    """``prefix_range_end`` decoded (the raw range end for a prefix)."""
+    return base64.b64decode(prefix_range_end(prefix)).decode("utf-8", errors="surrogateescape")
+
+
+def _decode_perm(perm: Json) -> Json:
+    # grpc-gateway leaves out enum zero values: a missing permType is READ
+    return {
+        "type": str(perm.get("permType") or "READ").lower(),
+        "key": unb64(perm.get("key")),
+        "range_end": unb64(perm.get("range_end")),
+    }
+
+
 def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
     return EtcdGateway(
         endpoints=list(params["endpoints"]),
@@ -318,4 +466,6 @@ def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
         client_cert=params.get("client_cert"),
         client_key=params.get("client_key"),
         timeout=float(params.get("timeout") or 10.0),
+        login_user=params.get("login_user"),
+        login_password=params.get("login_password"),
     )

@@ -29,7 +29,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-ETCD = os.environ.get("PODNET_TEST_ETCD", "/usr/bin/etcd")
+# etcd 3.5 (what the lab and sites run: auth/status, the gateway's auth behaviour) when
+# `make artifacts` unpacked trixie's, else the host's.
+_ETCD_35 = Path(os.environ.get("PODNET_CACHE_DIR", "/var/cache/podnet-dev")) / (
+    "artifacts/etcd-server/usr/bin/etcd"
+)
+ETCD = os.environ.get("PODNET_TEST_ETCD", str(_ETCD_35) if _ETCD_35.exists() else "/usr/bin/etcd")
+ETCDCTL = os.environ.get("PODNET_TEST_ETCDCTL", "/usr/bin/etcdctl")
+# Client certificates made besides admin: common names = etcd user names (auth tests).
+CLIENT_NAMES = ("root", "coredns", "podnetd-n1", "podnetd-n2")
+GATEWAY_NAMES = (*CLIENT_NAMES, "gateway")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -73,11 +82,12 @@ def make_pki(d: Path) -> dict[str, Path]:
     (d / "ca.crt").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     _write_key(d / "ca.key", ca_key)
 
-    def issue(name: str, server: bool) -> None:
+    def issue(name: str, server: bool, cn: bool = True) -> None:
         key = ec.generate_private_key(ec.SECP256R1())
+        subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)] if cn else [])
         builder = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(subject)
             .issuer_name(ca_name)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())
@@ -108,7 +118,13 @@ def make_pki(d: Path) -> dict[str, Path]:
 
     issue("server", server=True)
     issue("admin", server=False)
+    for name in CLIENT_NAMES:
+        issue(name, server=False)
+    # no common name: what etcd's JSON gateway accepts once authentication is on (with a login)
+    issue("gateway", server=False, cn=False)
     return {
+        **{f"{name}_cert": d / f"{name}.crt" for name in GATEWAY_NAMES},
+        **{f"{name}_key": d / f"{name}.key" for name in GATEWAY_NAMES},
         "ca": d / "ca.crt",
         "server_cert": d / "server.crt",
         "server_key": d / "server.key",
