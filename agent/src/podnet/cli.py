@@ -12,7 +12,7 @@ from typing import Any
 from podnet import nl
 from podnet.client import DEFAULT_SOCKET, ApiError, call
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
-from podnet.names import Keys
+from podnet.names import Keys, is_veth_name
 from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 
@@ -78,6 +78,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         checks.append(_check("socket", False, f"{sock}: {e}"))
     if cfg is not None and os.geteuid() == 0:
         checks += _fdb_drift(cfg)
+        checks.append(_host_addresses())
     ok = all(c["ok"] for c in checks)
     text = "\n".join(f"{'ok  ' if c['ok'] else 'FAIL'} {c['check']}: {c['detail']}" for c in checks)
     _print({"ok": ok, "checks": checks}, args.json, text)
@@ -90,6 +91,25 @@ def _builtin(mod: str) -> bool:
         return f"/{mod}.ko" in Path(f"/lib/modules/{release}/modules.builtin").read_text()
     except OSError:
         return False
+
+
+def _host_addresses() -> dict[str, Any]:
+    """podnet's host-side links carry no address (MPI and friends would pick it up)."""
+    try:
+        with nl.Netlink() as sock:
+            names = {
+                int(v["index"]): k
+                for k, v in nl.links(sock).items()
+                if k.startswith(("pnbr", "pnvx")) or is_veth_name(k)
+            }
+            found = sorted(f"{names[i]} {ip}" for i, _f, ip, _p in nl.addresses(sock) if i in names)
+    except OSError as e:
+        return _check("host-addresses", False, str(e))
+    if found:
+        return _check(
+            "host-addresses", False, f"on podnet links (restart podnetd): {', '.join(found)}"
+        )
+    return _check("host-addresses", True, "podnet links carry no address")
 
 
 def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
@@ -132,7 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("pods", parents=[common], help="my pods (root: all pods of this node)")
     sub.add_parser("status", parents=[common], help="node, etcd, counts")
     sub.add_parser(
-        "doctor", parents=[common], help="health checks (etcd, kernel, socket, FDB drift)"
+        "doctor",
+        parents=[common],
+        help="health checks (etcd, kernel, socket, FDB drift, host addresses)",
     )
     args = ap.parse_args(argv)
     for key, default in (("socket", DEFAULT_SOCKET), ("config", DEFAULT_CONFIG), ("json", False)):
