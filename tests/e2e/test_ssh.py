@@ -5,7 +5,9 @@ from __future__ import annotations
 import subprocess
 import time
 
+import pytest
 from conftest import CLUSTER, LAB, REPO, pod_of, pods, ssh, wait_for
+from test_attack_ssh import ssh_cmd
 
 PING = "ping -c 1 -W 2"
 
@@ -38,20 +40,46 @@ def test_ssh_to_compute_joins_the_job_pod(jobs: dict[str, int]) -> None:
 
 
 def test_ssh_without_job_is_refused() -> None:
-    r = ssh("carol@c1", "echo should-not-run", check=False)
+    # LogLevel INFO: the client shows the account stage's message (a banner)
+    r = subprocess.run(
+        [*ssh_cmd("carol", "c1", loglevel="INFO"), "echo should-not-run"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert r.returncode != 0
     assert "should-not-run" not in r.stdout
-    assert "no job" in r.stderr or "refused" in r.stderr, r.stderr
+    assert "no running job on this node" in r.stderr, r.stderr
 
 
-def test_root_and_admins_never_captured_even_with_podnetd_stopped() -> None:
-    ssh("c1", "systemctl stop podnetd")
+def test_sftp_works(jobs: dict[str, int]) -> None:
+    pod = pod_of("c1", jobs["alice"])
+    cmd = ssh_cmd("alice", "c1")
+    r = subprocess.run(
+        ["sftp", *cmd[1:-1], "-b", "-", cmd[-1]],
+        input="pwd\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert r.returncode == 0 and "/home/alice" in r.stdout, r.stdout + r.stderr
+    assert pod["ip"] in ssh("alice@c1", "ip -br -4 addr show eth0").stdout
+
+
+@pytest.mark.parametrize("node", ["login", "c1"])
+def test_root_and_admins_never_captured_even_with_podnetd_stopped(node: str) -> None:
+    ssh(node, "systemctl stop podnetd")
     try:
-        assert "host0" in ssh("root@c1", "ip -br link").stdout
-        assert "host0" in ssh("labadmin@c1", "ip -br link").stdout
+        assert "host0" in ssh(f"root@{node}", "ip -br link").stdout
+        assert "host0" in ssh(f"labadmin@{node}", "ip -br link").stdout
+        # everybody else: refused (sshd_hooks_on_error: refuse)
+        r = ssh(f"alice@{node}", "echo should-not-run", check=False)
+        assert r.returncode != 0 and "should-not-run" not in r.stdout
     finally:
-        ssh("c1", "systemctl start podnetd")
-    wait_for(lambda: ssh("c1", "podnet status", check=False).returncode == 0, 30)
+        ssh(node, "systemctl start podnetd")
+    wait_for(lambda: ssh(node, "podnet status", check=False).returncode == 0, 30)
 
 
 def test_login_pod_released_after_last_session_and_grace() -> None:
