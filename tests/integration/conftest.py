@@ -1,8 +1,9 @@
 """A real 3-member etcd cluster on loopback with TLS and client-cert auth, for module tests.
 
-Uses the host's /usr/bin/etcd (3.4 on the dev machine). A throwaway CA and certificates are
-made with `cryptography`; ports are picked free; data dirs live in pytest's tmp dir. Every
-process started here is stopped by pid at the end.
+Uses etcd 3.5 (trixie's, unpacked by `make artifacts`; what the lab and sites run) when it
+is there, else the host's /usr/bin/etcd (3.4 on the dev machine); PODNET_TEST_ETCD overrides.
+A throwaway CA and certificates are made with `cryptography`; ports are picked free; data
+dirs live in pytest's tmp dir. Every process started here is stopped by pid at the end.
 """
 
 from __future__ import annotations

@@ -29,10 +29,11 @@ REPO = Path(__file__).resolve().parents[2]
 PLAY = REPO / "tests" / "integration" / "etcd_lab" / "converge.yml"
 INVENTORY = os.environ.get("PODNET_ETCD_LAB_INVENTORY", "")
 KEY = "/podnet/lab-etcd-test/durable"
+# The member's own server certificate: the admin one is only on the first member (ctl).
 PKI = {
-    "ca_cert": "/etc/podnet/pki/ca.crt",
-    "client_cert": "/etc/podnet/pki/admin.crt",
-    "client_key": "/etc/podnet/pki/admin.key",
+    "ca_cert": "/etc/etcd/pki/ca.crt",
+    "client_cert": "/etc/etcd/pki/server.crt",
+    "client_key": "/etc/etcd/pki/server.key",
 }
 
 pytestmark = pytest.mark.skipif(
@@ -117,6 +118,45 @@ def test_converge_idempotent_check_mode() -> None:
     res = module("ctl", "etcd_key", {"key": KEY, "json": {"written": "before"}, **PKI})
     assert not res.get("failed"), res
     all_healthy(["ctl", "ctl2", "ctl3"])
+
+
+def client(host: str) -> dict[str, str]:
+    """The host's own per-host client certificate (converge.yml's post_tasks)."""
+    return {
+        "ca_cert": "/etc/podnet/pki/ca.crt",
+        "client_cert": f"/etc/podnet/pki/podnetd-{host}.crt",
+        "client_key": f"/etc/podnet/pki/podnetd-{host}.key",
+    }
+
+
+def test_admin_certificate_only_on_the_first_member_and_one_key_per_host() -> None:
+    for h in ("ctl", "ctl2", "ctl3"):
+        keys = sorted(shell(h, "cd /etc/podnet/pki && ls *.key").split())
+        assert keys == sorted([f"podnetd-{h}.key"] + (["admin.key"] if h == "ctl" else [])), keys
+        subject = shell(h, f"openssl x509 -noout -subject -nameopt RFC2253 "
+                           f"-in /etc/podnet/pki/podnetd-{h}.crt").strip()  # fmt: skip
+        assert subject == f"subject=CN=podnetd-{h}"
+
+
+def test_revoked_certificate_refused_the_others_not() -> None:
+    for h in ("ctl2", "ctl3"):
+        got = module(h, "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl")], **client(h)})
+        assert got["json"] == {"written": "before"}, got
+    recap = playbook("-e", '{"etcd_revoked_client_certs": ["podnetd-ctl2"]}')
+    assert all(r["failed"] == 0 for r in recap.values()), recap
+    for member in ("ctl", "ctl2", "ctl3"):
+        args = {"key": KEY, "endpoints": [endpoint(member)], **client("ctl2")}
+        got = module("ctl2", "etcd_key_info", args)
+        assert got.get("failed"), f"{member} must refuse a revoked certificate: {got}"
+        got = module("ctl3", "etcd_key_info", {"key": KEY, "endpoints": [endpoint(member)],
+                                              **client("ctl3")})  # fmt: skip
+        assert got["json"] == {"written": "before"}, got
+    recap = playbook()  # revocation withdrawn
+    got = module("ctl2", "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl")],
+                                          **client("ctl2")})  # fmt: skip
+    assert got["json"] == {"written": "before"}, got
+    recap = playbook()
+    assert all(r["changed"] == 0 for r in recap.values()), recap
 
 
 def test_shrink_to_one_with_etcd_remove_members(tmp_path: Path) -> None:

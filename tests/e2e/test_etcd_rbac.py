@@ -1,0 +1,135 @@
+"""Least privilege in etcd on the lab (issue 8): where each certificate is, what etcd knows.
+
+- every podnetd node holds only its own key (`podnetd-<node>`, common name to match) and
+  uses it; the admin key is only on the first etcd member (ctl); CoreDNS's key only on
+  the dns nodes, readable by CoreDNS alone;
+- etcd has the users and roles (node: read-write on podnet's state and DNS records,
+  CoreDNS: read-only on /skydns/);
+- a node's certificate works, is refused once revoked (the CRL etcd reads at every new
+  connection, the file `etcd_revoked_client_certs` writes) while another node's still
+  works, and works again once the revocation is withdrawn.
+
+etcd authentication itself stays off in this release (docs/roles/etcd.md "Least
+privilege": etcd's JSON gateway, which podnetd speaks, refuses certificates with a common
+name once it is on), so the users' permissions are checked in tests/integration.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+from conftest import CLUSTER, LAB, etcdctl, ssh  # type: ignore[import-not-found]
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+
+NODES = ("ctl", "login", "c1", "c2")
+PKI = "/etc/podnet/pki"
+CRL = "/etc/etcd/pki/client.crl"
+
+
+def controller_pki() -> Path | None:
+    """The lab's controller-side PKI (podnet_pki_dir), where the CA key is."""
+    candidates = [os.environ.get("PODNET_E2E_PKI_DIR", ""), f"/var/lib/podnet-lab/{LAB}/pki"]
+    for c in candidates:
+        if c and (Path(c) / "ca.key").exists():
+            return Path(c)
+    return None
+
+
+def node_etcdctl(node: str, cert: str, args: str, check: bool = False) -> tuple[int, str]:
+    conf = ssh(node, "cat /etc/podnet/podnet.yaml").stdout
+    endpoints = json.loads(re.search(r"^etcd_endpoints: (.*)$", conf, re.M).group(1))  # type: ignore[union-attr]
+    r = ssh(
+        node,
+        f"ETCDCTL_API=3 etcdctl --endpoints={endpoints[0]} --cacert={PKI}/ca.crt "
+        f"--cert={PKI}/{cert}.crt --key={PKI}/{cert}.key --dial-timeout=3s "
+        f"--command-timeout=5s {args}",
+        check=check,
+        timeout=60,
+    )
+    return r.returncode, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_each_node_holds_only_its_own_podnetd_key(node: str) -> None:
+    keys = sorted(ssh(node, f"cd {PKI} && ls *.key").stdout.split())
+    want = [f"podnetd-{node}.key"] + (["admin.key"] if node == "ctl" else [])
+    assert keys == sorted(want), f"{node}: keys in {PKI}: {keys}"
+    conf = ssh(node, "cat /etc/podnet/podnet.yaml").stdout
+    assert f"etcd_cert: {PKI}/podnetd-{node}.crt" in conf
+    assert f"etcd_key: {PKI}/podnetd-{node}.key" in conf
+    subject = ssh(
+        node, f"openssl x509 -noout -subject -nameopt RFC2253 -in {PKI}/podnetd-{node}.crt"
+    )
+    assert subject.stdout.strip() == f"subject=CN=podnetd-{node}"
+    mode = ssh(node, f"stat -c '%a %U' {PKI}/podnetd-{node}.key").stdout.split()
+    assert mode == ["600", "root"]
+
+
+@pytest.mark.parametrize("node", NODES)
+def test_coredns_key_only_on_dns_nodes(node: str) -> None:
+    r = ssh(node, "stat -c '%a %U' /etc/coredns/pki/coredns.key", check=False)
+    if node == "ctl":
+        assert r.stdout.split() == ["600", "coredns"], r.stderr
+    else:
+        assert r.returncode != 0, f"{node} must not hold CoreDNS's key"
+
+
+def test_etcd_users_and_roles() -> None:
+    users = etcdctl("user list").split()
+    for name in ("root", "admin", "coredns", *(f"podnetd-{n}" for n in NODES)):
+        assert name in users, users
+    assert "podnet-node" in etcdctl("user get podnetd-c1")
+    assert "podnet-dns-read" in etcdctl("user get coredns")
+    assert re.search(r"Roles: root", etcdctl("user get admin"))
+    dns = etcdctl("role get podnet-dns-read")
+    assert re.search(r"KV Read:\s*\[/skydns/, /skydns0\) \(prefix /skydns/\)", dns), dns
+    assert "KV Write:" in dns and "/skydns" not in dns.split("KV Write:")[1], dns
+    node = etcdctl("role get podnet-node")
+    assert f"(prefix /podnet/{CLUSTER}/)" in node.split("KV Write:")[1], node
+
+
+def test_node_certificate_refused_once_revoked_then_restored() -> None:
+    pki = controller_pki()
+    if pki is None:
+        pytest.skip("the lab's controller PKI (CA key) is not on this machine")
+    key = f"/podnet/{CLUSTER}/config"
+    rc, out = node_etcdctl("c2", "podnetd-c2", f"get {key} --print-value-only")
+    assert rc == 0 and "pod_cidr" in out, out
+
+    ca = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), None)
+    c2 = x509.load_pem_x509_certificate((pki / "clients" / "podnetd-c2.crt").read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    revoked = (
+        x509.RevokedCertificateBuilder()
+        .serial_number(c2.serial_number)
+        .revocation_date(now)
+        .build()
+    )
+    crl = (
+        x509.CertificateRevocationListBuilder()
+        .issuer_name(ca.subject)
+        .last_update(now)
+        .next_update(now + datetime.timedelta(days=1))
+        .add_revoked_certificate(revoked)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    pem = crl.public_bytes(serialization.Encoding.PEM).decode()
+    original = ssh("ctl", f"cat {CRL}").stdout
+    try:
+        ssh("ctl", f"cat > {CRL}.new <<'EOF'\n{pem}EOF\nchown root:etcd {CRL}.new && "
+                   f"chmod 644 {CRL}.new && mv {CRL}.new {CRL}")  # fmt: skip
+        rc, out = node_etcdctl("c2", "podnetd-c2", f"get {key}")
+        assert rc != 0, f"a revoked certificate must be refused: {out}"
+        rc, out = node_etcdctl("c1", "podnetd-c1", f"get {key} --print-value-only")
+        assert rc == 0 and "pod_cidr" in out, f"another node must not be affected: {out}"
+    finally:
+        ssh("ctl", f"cat > {CRL}.new <<'EOF'\n{original}EOF\nmv {CRL}.new {CRL}")
+    rc, out = node_etcdctl("c2", "podnetd-c2", f"get {key} --print-value-only")
+    assert rc == 0 and "pod_cidr" in out, out
