@@ -121,15 +121,18 @@ def test_node_certificate_refused_once_revoked_then_restored() -> None:
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
     pem = crl.public_bytes(serialization.Encoding.PEM).decode()
-    original = ssh("ctl", f"cat {CRL}").stdout
+    # the deployed file is put back as it was (content, owner, mode): the role stays idempotent
+    ssh("ctl", f"cp -p {CRL} {CRL}.e2e-saved")
     try:
-        ssh("ctl", f"cat > {CRL}.new <<'EOF'\n{pem}EOF\nchown root:etcd {CRL}.new && "
-                   f"chmod 644 {CRL}.new && mv {CRL}.new {CRL}")  # fmt: skip
+        ssh(
+            "ctl",
+            f"cat > {CRL}.new <<'EOF'\n{pem}EOF\nchmod 644 {CRL}.new && mv {CRL}.new {CRL}",
+        )
         rc, out = node_etcdctl("c2", "podnetd-c2", f"get {key}")
         assert rc != 0, f"a revoked certificate must be refused: {out}"
         rc, out = node_etcdctl("c1", "podnetd-c1", f"get {key} --print-value-only")
         assert rc == 0 and "pod_cidr" in out, f"another node must not be affected: {out}"
     finally:
-        ssh("ctl", f"cat > {CRL}.new <<'EOF'\n{original}EOF\nmv {CRL}.new {CRL}")
+        ssh("ctl", f"mv {CRL}.e2e-saved {CRL}")
     rc, out = node_etcdctl("c2", "podnetd-c2", f"get {key} --print-value-only")
     assert rc == 0 and "pod_cidr" in out, out
