@@ -23,7 +23,7 @@ LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
   python3-venv nftables bind9-dnsutils zstd containernetworking-plugins iproute2 \
-  openssh-client libslurm-dev gcc make rsync iputils-ping util-linux shellcheck
+  openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck
 
 .PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
   lint unit integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
