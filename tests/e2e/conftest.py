@@ -46,6 +46,20 @@ def ssh(
     return r
 
 
+def lab_inventory() -> Path:
+    """The lab's inventory, wherever it was written (inventories/lab for pnlab,
+    LAB_INVENTORY for molecule's lab, the lab's state directory otherwise)."""
+    r = subprocess.run(
+        [str(REPO / "tests/lab/lab.sh"), "inventory"],
+        env={**os.environ, "LAB_NAME": LAB},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return Path(r.stdout.strip())
+
+
 def pods(node: str) -> list[dict[str, Any]]:
     return list(json.loads(ssh(node, "podnet --json pods").stdout))
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLUSTER, LAB, in_pod, pod_of, ssh, wait_for
+from conftest import CLUSTER, LAB, in_pod, lab_inventory, pod_of, ssh, wait_for
 
 STATE = Path(f"/var/lib/podnet-lab/{LAB}")
 KEY = STATE / "ssh" / "id_ed25519"
@@ -33,9 +33,9 @@ WAIT = 6.0  # seconds an attack gets to show a byte of bob's server
 
 
 def node_ip(node: str) -> str:
-    text = (STATE / "hosts.yml").read_text()
-    m = re.search(rf"^\s+{re.escape(node)}:\n\s+ansible_host: (\S+)$", text, re.M)
-    assert m, f"no {node} in {STATE}/hosts.yml"
+    inventory = lab_inventory()
+    m = re.search(rf"^\s+{re.escape(node)}:\n\s+ansible_host: (\S+)$", inventory.read_text(), re.M)
+    assert m, f"no {node} in {inventory}"
     return m.group(1)
 
 
