@@ -65,6 +65,12 @@ print(json.dumps({"refused": refused, "closed_after": closed, "still_open": len(
 """
 
 
+def python_as(uid: int, code: str, *args: str) -> list[str]:
+    """argv running Python `code` with `args` as an unprivileged uid."""
+    setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    return [*setpriv, sys.executable, "-c", code, *args]
+
+
 @pytest.fixture(scope="module")
 def strict(workdir: Path, etcd: Any) -> Iterator[Node]:
     """A compute-only node with short socket bounds."""
@@ -89,17 +95,7 @@ def strict(workdir: Path, etcd: Any) -> Iterator[Node]:
 def test_a_user_cannot_hold_the_socket_against_others(strict: Node) -> None:
     hold = READ_TIMEOUT * 2 + 2
     holder = subprocess.Popen(
-        [
-            "setpriv",
-            f"--reuid={A_UID}",
-            f"--regid={A_UID}",
-            "--clear-groups",
-            sys.executable,
-            "-c",
-            HOLDER,
-            strict.socket,
-            str(hold),
-        ],
+        python_as(A_UID, HOLDER, strict.socket, str(hold)),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -138,16 +134,7 @@ def test_users_get_one_request_per_connection_root_more(strict: Node) -> None:
         "print(len([x for x in buf.splitlines() if x.strip()]))"
     )
     as_user = subprocess.run(
-        [
-            "setpriv",
-            f"--reuid={A_UID}",
-            f"--regid={A_UID}",
-            "--clear-groups",
-            sys.executable,
-            "-c",
-            code,
-            strict.socket,
-        ],
+        python_as(A_UID, code, strict.socket),
         capture_output=True,
         text=True,
         timeout=30,
