@@ -469,3 +469,20 @@ def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
         login_user=params.get("login_user"),
         login_password=params.get("login_password"),
     )
+
+
+def run_module(
+    module: t.Any,
+    run: t.Callable[[dict[str, t.Any], bool, EtcdGateway], dict[str, t.Any]],
+    errors: tuple[type[Exception], ...],
+) -> None:
+    """The end of every writing module: run against the gateway, fail on the module's
+    own errors or the gateway's, drop the diff unless asked for, exit."""
+    caught: tuple[type[Exception], ...] = (EtcdGatewayError, *errors)
+    try:
+        result = run(module.params, module.check_mode, gateway_from_module_params(module.params))
+    except caught as exc:
+        module.fail_json(msg=str(exc))
+    if not module._diff:
+        result.pop("diff", None)
+    module.exit_json(**result)

@@ -188,8 +188,8 @@ from ansible_collections.hpc.podnet.plugins.module_utils._etcd_gateway import ( 
     ETCD_COMMON_ARGUMENT_SPEC,
     EtcdGateway,
     EtcdGatewayError,
-    gateway_from_module_params,
     prefix_end,
+    run_module,
 )
 
 ROOT = "root"
@@ -498,14 +498,7 @@ def main() -> None:
         enabled={"type": "bool"},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
-    try:
-        gw = gateway_from_module_params(module.params)
-        result = run(module.params, module.check_mode, gw)
-    except (EtcdGatewayError, EtcdAuthError) as exc:
-        module.fail_json(msg=str(exc))
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    run_module(module, run, (EtcdAuthError,))
 
 
 if __name__ == "__main__":

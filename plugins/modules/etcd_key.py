@@ -138,8 +138,7 @@ from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible_collections.hpc.podnet.plugins.module_utils._etcd_gateway import (  # noqa: E402
     ETCD_COMMON_ARGUMENT_SPEC,
     EtcdGateway,
-    EtcdGatewayError,
-    gateway_from_module_params,
+    run_module,
 )
 
 CAS_ATTEMPTS = 5
@@ -301,14 +300,7 @@ def main() -> None:
         required_if=[("state", "present", ("value", "json"), True)],
         supports_check_mode=True,
     )
-    try:
-        gw = gateway_from_module_params(module.params)
-        result = run(module.params, module.check_mode, gw)
-    except (EtcdGatewayError, EtcdKeyError) as exc:
-        module.fail_json(msg=str(exc))
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    run_module(module, run, (EtcdKeyError,))
 
 
 if __name__ == "__main__":

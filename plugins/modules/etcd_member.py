@@ -143,7 +143,7 @@ from ansible_collections.hpc.podnet.plugins.module_utils._etcd_gateway import ( 
     ETCD_COMMON_ARGUMENT_SPEC,
     EtcdGateway,
     EtcdGatewayError,
-    gateway_from_module_params,
+    run_module,
 )
 
 Member = dict[str, t.Any]
@@ -397,14 +397,7 @@ def main() -> None:
         required_if=[("state", "present", ("peer_urls",))],
         supports_check_mode=True,
     )
-    try:
-        gw = gateway_from_module_params(module.params)
-        result = run(module.params, module.check_mode, gw)
-    except (EtcdGatewayError, EtcdMemberError) as exc:
-        module.fail_json(msg=str(exc))
-    if not module._diff:
-        result.pop("diff", None)
-    module.exit_json(**result)
+    run_module(module, run, (EtcdMemberError,))
 
 
 if __name__ == "__main__":
