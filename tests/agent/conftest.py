@@ -106,46 +106,53 @@ table inet {NFT_TABLE} {{
 
 
 class EtcdServer:
-    def __init__(self, workdir: Path) -> None:
+    """A real etcd on the underlay bridge; `stop()` and `start()` again keep its data."""
+
+    def __init__(self, workdir: Path, name: str = "etcd") -> None:
         self.port = free_port()
         self.peer = free_port()
         self.url = f"http://{HOST_IP}:{self.port}"
-        self.dir = workdir / "etcd"
-        self.log = open(workdir / "etcd.log", "w")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                ETCD,
-                "--name",
-                "pat",
-                "--data-dir",
-                str(self.dir),
-                "--listen-client-urls",
-                f"{self.url},http://127.0.0.1:{self.port}",
-                "--advertise-client-urls",
-                self.url,
-                "--listen-peer-urls",
-                f"http://127.0.0.1:{self.peer}",
-                "--initial-advertise-peer-urls",
-                f"http://127.0.0.1:{self.peer}",
-                "--initial-cluster",
-                f"pat=http://127.0.0.1:{self.peer}",
-                "--max-txn-ops",
-                "8192",
-                "--max-request-bytes",
-                "10485760",
-                "--log-level",
-                "warn",
-            ],
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-        )
+        self.dir = workdir / name
+        self.logfile = workdir / f"{name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
         self.client = Etcd([self.url], None, None, None, 5.0)
+        self.start()
+
+    def start(self) -> None:
+        with open(self.logfile, "a") as log:  # noqa: PTH123
+            self.proc = subprocess.Popen(
+                [
+                    ETCD,
+                    "--name",
+                    "pat",
+                    "--data-dir",
+                    str(self.dir),
+                    "--listen-client-urls",
+                    f"{self.url},http://127.0.0.1:{self.port}",
+                    "--advertise-client-urls",
+                    self.url,
+                    "--listen-peer-urls",
+                    f"http://127.0.0.1:{self.peer}",
+                    "--initial-advertise-peer-urls",
+                    f"http://127.0.0.1:{self.peer}",
+                    "--initial-cluster",
+                    f"pat=http://127.0.0.1:{self.peer}",
+                    "--max-txn-ops",
+                    "8192",
+                    "--max-request-bytes",
+                    "10485760",
+                    "--log-level",
+                    "warn",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         wait_for(self.client.status, 20)
 
     def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
-        self.log.close()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
 
 
 @pytest.fixture(scope="session")

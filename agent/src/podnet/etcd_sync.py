@@ -1,0 +1,146 @@
+"""The etcd sync loop: one place where the cluster's state in etcd becomes this node's
+routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network loop).
+
+Watches on `blocks/`, `ips/`, `vteps/` and `nodes/` feed `on_event`, which keeps the
+allocator's IPAM view current at once and queues only the sync an event needs: a block
+moved (routes), a node came or went (node table, firewall, routes), a user's VTEP set
+changed (that user's FDB). `run` applies the queue in one pass per burst of events; a
+failed pass is retried in full. After a watch was compacted away, `resync` re-reads
+everything.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import threading
+import time
+from typing import Any
+
+from podnet.alloc import Allocator
+from podnet.dataplane import Dataplane
+from podnet.firewall import Firewall
+from podnet.names import Keys, block_from_key
+from podnet.pods import PodTable
+from podnet.store import Etcd
+from podnet.usernets import UserNetworks
+
+log = logging.getLogger("podnet.sync")
+
+#: a burst of events is applied in one pass after this quiet time
+DEBOUNCE = 0.05
+WATCHED = ("blocks", "ips", "vteps", "nodes")
+
+
+class EtcdSync:
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: Keys,
+        node: str,
+        alloc: Allocator,
+        dp: Dataplane,
+        fw: Firewall,
+        pods: PodTable,
+        nets: UserNetworks,
+    ) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.node = node
+        self.alloc = alloc
+        self.dp = dp
+        self.fw = fw
+        self.pods = pods
+        self.nets = nets
+        self.node_ips: dict[str, str] = {}
+        self._pending: set[str | int] = set()
+        self._mutex = threading.Lock()
+        self._wake = threading.Event()
+
+    # -- events ----------------------------------------------------------------------
+    def on_event(self, kind: str, key: str, kv: Any) -> None:
+        rel = key[len(self.keys.root) :]
+        if rel.startswith("ips/"):
+            self.alloc.ipam.mark([rel[4:]], used=(kind == "put"))
+            return
+        if rel.startswith("blocks/"):
+            blk = ipaddress.IPv4Network(block_from_key(key))
+            node = kv.json().get("node") if kv is not None else None
+            self.alloc.ipam.set_block(blk, node)
+            self.queue("routes")
+        elif rel.startswith("nodes/"):
+            self.queue("nodes")
+        elif rel.startswith("vteps/"):
+            parts = rel.split("/")
+            if len(parts) == 3 and parts[1].isdigit() and parts[2] != self.node:
+                self.queue(int(parts[1]))
+
+    def queue(self, what: str | int) -> None:
+        """'nodes', 'routes', 'fdb' (every user) or a VNI (that user's FDB)."""
+        with self._mutex:
+            self._pending.add(what)
+        self._wake.set()
+
+    def resync(self) -> int:
+        rev = self.alloc.load_view()
+        for what in ("nodes", "routes", "fdb"):
+            self.queue(what)
+        return rev
+
+    def watch(self, rev: int, stop: threading.Event) -> None:
+        for prefix in WATCHED:
+            self.etcd.watch_prefix(self.keys.prefix(prefix), rev, self.on_event, self.resync, stop)
+
+    # -- the loop ----------------------------------------------------------------------
+    def take(self) -> set[str | int]:
+        with self._mutex:
+            todo, self._pending = self._pending, set()
+        return todo
+
+    def apply(self, todo: set[str | int]) -> None:
+        if "nodes" in todo:
+            self.refresh_nodes()
+        if "routes" in todo or "nodes" in todo:
+            self.sync_routes()
+        if "fdb" in todo:
+            self.sync_fdb()
+        else:
+            for vni in (t for t in todo if isinstance(t, int)):
+                self.dp.set_vteps(vni, self.nets.vteps_of(vni))
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            if not self._wake.wait(5):
+                continue
+            time.sleep(DEBOUNCE)
+            self._wake.clear()
+            try:
+                self.apply(self.take())
+            except Exception:  # keep syncing; the next pass redoes everything
+                log.exception("sync failed")
+                self.queue("nodes")
+                self.queue("fdb")
+                time.sleep(1)
+
+    # -- what a pass does ----------------------------------------------------------------
+    def refresh_nodes(self) -> None:
+        kvs, _ = self.etcd.get_prefix(self.keys.prefix("nodes"))
+        ips = {kv.key.rsplit("/", 1)[-1]: str(kv.json().get("ip")) for kv in kvs}
+        if ips != self.node_ips:
+            self.node_ips = ips
+            self.resync_firewall()
+
+    def resync_firewall(self) -> None:
+        self.fw.resync(sorted(set(self.node_ips.values())), self.pods.fw_ports())
+
+    def sync_routes(self) -> None:
+        ipam = self.alloc.ipam
+        with ipam.lock:
+            blocks = dict(ipam.blocks)
+        routes = {str(b): self.node_ips[n] for b, n in blocks.items() if n in self.node_ips}
+        local = {str(b) for b, n in blocks.items() if n == self.node}
+        self.dp.set_block_routes(routes, local)
+
+    def sync_fdb(self) -> None:
+        for vni in list(self.dp.user_ports()):
+            self.dp.set_vteps(vni, self.nets.vteps_of(vni))

@@ -1,0 +1,74 @@
+"""This node in etcd: its record (`nodes/<node>`: underlay address, roles) and its lease,
+which carries the node's liveness key and its login pods' records.
+
+The lease id is kept in `<state_dir>/lease`: a restart of podnetd shorter than the TTL
+reuses the lease, so nothing of a running login pod expires. If the lease is lost
+anyway (etcd unreachable for longer than the TTL), `run` registers the node again and
+calls `on_new_lease` so the records it carried are written again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from podnet import __version__
+from podnet.names import Keys
+from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
+
+log = logging.getLogger("podnet.lease")
+
+
+class NodeLease:
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: Keys,
+        node: str,
+        underlay_ip: str,
+        roles: list[str],
+        state_dir: Path,
+        ttl: int,
+    ) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.node = node
+        self.underlay_ip = underlay_ip
+        self.roles = roles
+        self.file = state_dir / "lease"
+        self.ttl = max(10, ttl)
+        self.id = 0
+
+    def register(self) -> None:
+        old = 0
+        with contextlib.suppress(OSError, ValueError):
+            old = int(self.file.read_text())
+        if old and self.etcd.lease_ttl(old) > 0:
+            self.id = old
+        else:
+            self.id = self.etcd.lease_grant(self.ttl)
+            self.file.write_text(str(self.id))
+        self.etcd.put_many(
+            [
+                op_put(self.keys.node(self.node), {"ip": self.underlay_ip, "roles": self.roles}),
+                op_put(
+                    self.keys.alive(self.node),
+                    {"ip": self.underlay_ip, "version": __version__},
+                    self.id,
+                ),
+            ]
+        )
+
+    def run(self, stop: threading.Event, on_new_lease: Callable[[], None]) -> None:
+        period = max(1.0, self.ttl / 3)
+        while not stop.wait(period):
+            try:
+                if self.etcd.lease_keepalive(self.id) <= 0:
+                    log.warning("node lease expired: registering again")
+                    self.register()
+                    on_new_lease()
+            except (EtcdUnavailable, EtcdRequestError) as e:
+                log.warning("lease keepalive: %s", e)

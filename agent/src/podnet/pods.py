@@ -1,0 +1,175 @@
+"""The node's pods: what a pod is, the table of this node's pods, and wiring one into the
+kernel (data plane + firewall) and out again.
+
+The table's lock guards the dictionary only: nothing waits on etcd, netlink or nftables
+while holding it. Work on one user's pods is serialized by that user's lock
+(`usernets.UserNetworks.lock`), so two requests for different users never wait on each
+other.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from podnet import nl
+from podnet.alloc import Job
+from podnet.config import ClusterConfig
+from podnet.dataplane import Dataplane, NewNetns, PodSpec
+from podnet.firewall import Firewall
+from podnet.names import login_label
+
+
+class PodnetError(Exception):
+    """An error with an API code (docs/api.md)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Pod:
+    kind: str  # job | login
+    name: str
+    netns: str
+    ip: str
+    prefix: int
+    user: str
+    uid: int
+    vni: int
+    job_id: int | None = None
+    index: int | None = None
+    names: list[str] = field(default_factory=list)
+    veth: str = ""
+    created: float = field(default_factory=time.time)
+
+    def public(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("veth", None)
+        d.pop("vni", None)
+        return d
+
+    @classmethod
+    def of_job(
+        cls, job: Job, index: int, name: str, netns: str, cc: ClusterConfig, veth: str = ""
+    ) -> Pod:
+        z = cc.zone
+        return cls(
+            "job",
+            name,
+            netns,
+            job.ips[index],
+            cc.pod_cidr.prefixlen,
+            job.user,
+            job.uid,
+            job.vni,
+            job.job_id,
+            index,
+            [f"pod{index}.{job.label}.{job.user}.{z}", f"pod{index}.{job.job_id}.{job.user}.{z}"],
+            veth=veth,
+        )
+
+    @classmethod
+    def of_login(
+        cls,
+        node: str,
+        user: str,
+        uid: int,
+        ip: str,
+        vni: int,
+        name: str,
+        netns: str,
+        cc: ClusterConfig,
+        veth: str = "",
+    ) -> Pod:
+        return cls(
+            "login",
+            name,
+            netns,
+            ip,
+            cc.pod_cidr.prefixlen,
+            user,
+            uid,
+            vni,
+            names=[f"{login_label(node)}.login.{user}.{cc.zone}"],
+            veth=veth,
+        )
+
+
+def job_search(job: Job, zone: str) -> list[str]:
+    """A job pod's resolv.conf search list: its job, by label and id, then its user."""
+    return [
+        f"{job.label}.{job.user}.{zone}",
+        f"{job.job_id}.{job.user}.{zone}",
+        f"{job.user}.{zone}",
+    ]
+
+
+class PodTable:
+    """This node's pods by netns name."""
+
+    def __init__(self) -> None:
+        self._pods: dict[str, Pod] = {}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Pod | None:
+        with self._lock:
+            return self._pods.get(name)
+
+    def add(self, pod: Pod) -> None:
+        with self._lock:
+            self._pods[pod.name] = pod
+
+    def pop(self, name: str) -> Pod | None:
+        with self._lock:
+            return self._pods.pop(name, None)
+
+    def all(self, uid: int | None = None) -> list[Pod]:
+        with self._lock:
+            return [p for p in self._pods.values() if uid is None or p.uid == uid]
+
+    def uses_vni(self, vni: int) -> bool:
+        with self._lock:
+            return any(p.vni == vni for p in self._pods.values())
+
+    def fw_ports(self) -> list[tuple[str, str, str]]:
+        """(veth, MAC, IP) of every wired pod: the firewall's anti-spoofing set."""
+        return [(p.veth, nl.mac_for_ip(p.ip), p.ip) for p in self.all() if p.veth]
+
+
+class PodWiring:
+    """A pod into the kernel and out: netns, veth, address, routes, resolv.conf, and its
+    port in the firewall's anti-spoofing set."""
+
+    def __init__(self, dp: Dataplane, fw: Firewall, cc: ClusterConfig) -> None:
+        self.dp = dp
+        self.fw = fw
+        self.cc = cc
+
+    def new_netns(self, name: str, bridge: int) -> NewNetns:
+        return self.dp.new_netns(name, bridge, self.cc.pod_mtu)
+
+    def build(self, pod: Pod, search: list[str], ns: NewNetns) -> None:
+        cc = self.cc
+        spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
+        pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
+        try:
+            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+        except Exception:
+            self.dp.remove_pod(pod.name, pod.ip)
+            raise
+
+    def unbuild(self, pod: Pod) -> bool:
+        """Undo `build`; True if the netns existed."""
+        existed = self.dp.remove_pod(pod.name, pod.ip)
+        if pod.veth:
+            self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+        return existed
+
+    def remove(self, name: str, pod: Pod | None) -> bool:
+        """Remove the pod `name` whether or not the table knows it."""
+        return self.unbuild(pod) if pod else self.dp.remove_pod(name, None)
