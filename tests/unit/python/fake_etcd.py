@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from podnet.store import KV, TxnResult
+from podnet.store import KV, TxnResult, op_delete, op_put
 
 
 def _d(s: str) -> str:
@@ -106,3 +106,10 @@ class FakeEtcd:
 
     def put_many(self, ops: Iterable[dict[str, Any]]) -> None:
         self.txn([], list(ops))
+
+    def put(self, key: str, value: Any, lease: int = 0) -> int:
+        return self.txn([], [op_put(key, value, lease)]).revision
+
+    def delete(self, key: str, prefix: bool = False) -> int:
+        res = self.txn([], [op_delete(key, prefix)])
+        return int(res.responses[0]["response_delete_range"]["deleted"])
