@@ -309,9 +309,6 @@ class Dataplane:
             d.rmdir()
         return existed
 
-    def pod_exists(self, name: str) -> bool:
-        return netns.is_netns(self.netns_path(name))
-
     def remove_stale_files(self) -> list[str]:
         """Delete pod files that are not namespaces (an agent killed between creating the
         file and mounting the namespace on it leaves an empty file)."""

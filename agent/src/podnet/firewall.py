@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
-import json
 import threading
 from typing import Any
 
@@ -165,12 +164,6 @@ class Firewall:
             )
         )
 
-    def remove(self) -> None:
-        self._cmd(
-            "add table bridge podnet\ndelete table bridge podnet\n"
-            "add table inet podnet\ndelete table inet podnet\n"
-        )
-
     def _ports(self, verb: str, items: list[tuple[str, str, str]]) -> None:
         if not items:
             return
@@ -195,22 +188,3 @@ class Firewall:
     def del_port(self, port: str, mac: str, ip: str) -> None:
         with contextlib.suppress(FirewallError):  # already gone
             self._ports("delete", [(port, mac, ip)])
-
-    def list_ports(self) -> list[tuple[str, str, str]]:
-        with self.lock:
-            rc, out, err = self.nft.cmd("list set bridge podnet ports")
-        if rc != 0:
-            raise FirewallError(f"nft: {err.strip()}")
-        data = json.loads(out) if isinstance(out, str) else out
-        res: list[tuple[str, str, str]] = []
-        for item in data.get("nftables", []):
-            s = item.get("set")
-            if not s:
-                continue
-            for e in s.get("elem", []):
-                c = e.get("concat") if isinstance(e, dict) else None
-                if c is None and isinstance(e, dict) and "elem" in e:
-                    c = e["elem"].get("concat")
-                if c:
-                    res.append((str(c[0]), str(c[1]), str(c[2])))
-        return res
