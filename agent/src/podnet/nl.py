@@ -507,17 +507,6 @@ def fdb_dsts(nl: Netlink, index: int) -> set[str]:
     return out
 
 
-def neighbours(nl: Netlink, index: int) -> dict[str, str]:
-    """Permanent IPv4 neighbours on `index`: ip -> mac."""
-    m = ndmsg()
-    m["family"] = AF_INET
-    out: dict[str, str] = {}
-    for msg in nl.dump(m, RTM_GETNEIGH):
-        if msg["ifindex"] == index and msg["state"] & NUD_PERMANENT:
-            out[msg.get_attr("NDA_DST")] = msg.get_attr("NDA_LLADDR")
-    return out
-
-
 def first_ipv4(nl: Netlink, ifname: str) -> str | None:
     """The first IPv4 address of interface `ifname` in the socket's netns."""
     index = links(nl).get(ifname, {}).get("index")
