@@ -59,6 +59,10 @@ IN6_ADDR_GEN_MODE_NONE = 1
 IFF_UP = 0x1
 NUD_PERMANENT = 0x80
 NTF_SELF = 0x02
+NDA_DST = 1
+NDA_LLADDR = 2
+_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
+_NDMSG = struct.Struct("=BBHiHBB")  # family, pad, pad, ifindex, state, flags, type
 RT_TABLE_MAIN = 254
 RT_SCOPE_UNIVERSE = 0
 RT_SCOPE_LINK = 253
@@ -94,6 +98,19 @@ class Request:
     """One encoded rtnetlink request and a short description for error messages."""
 
     __slots__ = ("data", "ignore", "seq", "what")
+
+    @classmethod
+    def raw(
+        cls, mtype: int, flags: int, body: bytes, what: str, ignore: tuple[int, ...] = ()
+    ) -> Request:
+        """A request whose body is already encoded (for messages sent by the hundred,
+        where pyroute2's encoder costs ~0.3 ms each)."""
+        r = cls.__new__(cls)
+        r.seq = _next_seq()
+        r.data = _NLMSGHDR.pack(_NLMSGHDR.size + len(body), mtype, flags, r.seq, 0) + body
+        r.what = what
+        r.ignore = ignore
+        return r
 
     def __init__(
         self, msg: Any, mtype: int, flags: int, what: str, ignore: tuple[int, ...] = ()
@@ -429,22 +446,27 @@ def neigh(index: int, ip: str, mac: str, delete: bool = False) -> Request:
     )
 
 
+def _rta(kind: int, payload: bytes) -> bytes:
+    n = 4 + len(payload)
+    return struct.pack("=HH", n, kind) + payload + b"\0" * (-n % 4)
+
+
 def fdb_flood(index: int, vtep: str, delete: bool = False) -> Request:
-    """All-zero FDB entry on a VXLAN device: flood BUM traffic to `vtep`."""
-    m = ndmsg()
-    m["family"] = AF_BRIDGE
-    m["ifindex"] = index
-    m["state"] = NUD_PERMANENT
-    m["flags"] = NTF_SELF
-    m["attrs"] = [("NDA_LLADDR", "00:00:00:00:00:00"), ("NDA_DST", vtep)]
+    """All-zero FDB entry on a VXLAN device: flood BUM traffic to `vtep`. Encoded here
+    (a user's first pod adds one per node of theirs: hundreds)."""
+    body = (
+        _NDMSG.pack(AF_BRIDGE, 0, 0, index, NUD_PERMANENT, NTF_SELF, 0)
+        + _rta(NDA_LLADDR, bytes(6))
+        + _rta(NDA_DST, socket.inet_aton(vtep))
+    )
     if delete:
-        return Request(
-            m, RTM_DELNEIGH, _SET, f"delete fdb {vtep}", ignore=(errno.ENOENT, errno.ENODEV)
+        return Request.raw(
+            RTM_DELNEIGH, _SET, body, f"delete fdb {vtep}", ignore=(errno.ENOENT, errno.ENODEV)
         )
-    return Request(
-        m,
+    return Request.raw(
         RTM_NEWNEIGH,
         NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
+        body,
         f"fdb {vtep}",
         ignore=(errno.EEXIST,),
     )

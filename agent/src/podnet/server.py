@@ -285,7 +285,7 @@ class Server:
         # every user may connect: authorization is per request, from SO_PEERCRED
         tmp.chmod(0o666)
         tmp.replace(path)
-        s.listen(128)
+        s.listen(1024)  # the kernel caps it at net.core.somaxconn
         self.sock = s
 
     def serve_forever(self) -> None:

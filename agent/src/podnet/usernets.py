@@ -19,7 +19,7 @@ from podnet.alloc import Allocator
 from podnet.dataplane import Dataplane
 from podnet.names import Keys
 from podnet.pods import PodTable
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_get, op_put
 
 log = logging.getLogger("podnet.usernets")
 
@@ -76,12 +76,24 @@ class UserNetworks:
         with self._mutex:
             self._idle.pop(vni, None)
             registered = vni in self._registered
-        if not registered:
-            self.register_vteps([vni])
+        vteps = None if registered else self._register_and_read(vni)
         bri = self.dp.user_bridge(vni)
         if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
-            bri = self.dp.ensure_user(vni, self.vteps_of(vni))
+            bri = self.dp.ensure_user(vni, self.vteps_of(vni) if vteps is None else vteps)
         return vni, bri
+
+    def _register_and_read(self, vni: int) -> list[str]:
+        """This node as a VTEP of `vni` and the VNI's VTEPs, in one round trip."""
+        r = self.etcd.txn(
+            [],
+            [
+                op_put(self.keys.vtep(vni, self.node), {"ip": self.underlay_ip}),
+                op_get(self.keys.prefix(f"vteps/{vni}"), prefix=True),
+            ],
+        )
+        with self._mutex:
+            self._registered.add(vni)
+        return sorted({str(kv.json()["ip"]) for kv in r.range_kvs(1)})
 
     def register_vteps(self, vnis: Iterable[int]) -> None:
         """This node as a VTEP of each VNI (again after a lease loss or a restart)."""
