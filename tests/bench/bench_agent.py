@@ -89,6 +89,12 @@ RSS_PODS = int(os.environ.get("PODNET_BENCH_RSS_PODS", "1000"))
 # podnetd's setup time grows with the live pods; past this budget the phase stops and
 # rss_1000_pods is not printed (the RSS at the count reached is in the JSON)
 RSS_BUDGET = float(os.environ.get("PODNET_BENCH_RSS_BUDGET", "1500"))
+# loaded mode: one CPU-bound process per core at normal priority (a neighbour job), the
+# same phases again, figures with the suffix _loaded (PODNET_BENCH_LOADED=0: off)
+LOADED = os.environ.get("PODNET_BENCH_LOADED", "1") != "0"
+# podnetd's scheduling priority, as the production unit sets it (agent_nice); etcd and the
+# CNI plugin get the same (etcd stands for a control node that jobs do not load)
+NICE = int(os.environ.get("PODNET_BENCH_NICE", "-5"))
 ALLOC_NODES = (100, 400, 1000)
 ALLOC_RUNS = 7
 BASE_UID = 30000
@@ -101,6 +107,42 @@ _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True
 def die_with_parent() -> None:
     """In a child before exec: SIGTERM when the bench dies, even by SIGKILL."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def with_priority(nice: int) -> Callable[[], None]:
+    """A preexec_fn: die with the bench, run at `nice`."""
+
+    def pre() -> None:
+        die_with_parent()
+        os.setpriority(os.PRIO_PROCESS, 0, nice)
+
+    return pre
+
+
+class CpuLoad:
+    """One CPU-bound process per core at normal priority, as a neighbour job would be."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> CpuLoad:
+        for _ in range(self.n):
+            self.procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", "while True: pass"],
+                    preexec_fn=with_priority(0),  # noqa: PLW1509 - the bench runs no threads
+                )
+            )
+        time.sleep(0.5)  # let them settle on the cores
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait(10)
+        self.procs.clear()
 
 
 def log(msg: str) -> None:
@@ -174,6 +216,7 @@ class Bench:
         self.extra: dict[str, Any] = {}
         self.keys = Keys(CLUSTER)
         self.next_job = 1
+        self.next_user = 100  # first-pod users: a new one per sample
 
     # -- plumbing ----------------------------------------------------------------------
     def remove_leftovers(self) -> None:
@@ -248,7 +291,7 @@ class Bench:
             ],
             stdout=logf,
             stderr=subprocess.STDOUT,
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - the bench runs no threads
+            preexec_fn=with_priority(NICE),  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
         self.etcd = Etcd([f"http://127.0.0.1:{port}"], None, None, None, 30.0)
@@ -272,8 +315,8 @@ class Bench:
             },
         )
 
-    def start_podnetd(self) -> None:
-        self.node_dir.mkdir(parents=True)
+    def start_podnetd(self, nice: int = NICE) -> None:
+        self.node_dir.mkdir(parents=True, exist_ok=True)
         self.node_dir.chmod(0o755)
         config = self.node_dir / "podnet.yaml"
         config.write_text(
@@ -313,7 +356,7 @@ class Bench:
             stdout=logf,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO / "agent" / "src")},
-            preexec_fn=die_with_parent,  # noqa: PLW1509 - the bench runs no threads
+            preexec_fn=with_priority(nice),  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
 
@@ -426,8 +469,10 @@ class Bench:
         return len(call("pods", self.socket)["pods"])
 
     # -- phases ------------------------------------------------------------------------
-    def phase_setup_teardown(self) -> list[int]:
-        """Warm daemon: every user already has a pod (its bridge and VXLAN) on the node."""
+    def phase_setup_teardown(self, suffix: str = "") -> list[int]:
+        """Warm daemon: every user already has a pod (its bridge and VXLAN) on the node.
+        With a suffix (a loaded run), the anchors go at the end and the one-live detail is
+        not measured again."""
         users = [self.user(i) for i in range(USERS)]
         anchors = [self.job_up(u)[0] for u in users]
         for i in range(WARMUP_PODS):
@@ -446,11 +491,16 @@ class Bench:
                 f"expected {USERS + SETUP_PODS} pods, podnetd lists {self.pod_count()}"
             )
         teardown = [self.job_down(j) for j in jobs]
-        self.figures["pod_setup_p50"] = (ms(pct(setup, 50)), "ms")
-        self.figures["pod_setup_p99"] = (ms(pct(setup, 99)), "ms")
-        self.figures["pod_teardown_p50"] = (ms(pct(teardown, 50)), "ms")
-        self.extra["pod_setup_samples"] = len(setup)
-        self.extra["pod_teardown_p99_ms"] = ms(pct(teardown, 99))
+        self.figure(f"pod_setup_p50{suffix}", ms(pct(setup, 50)), "ms")
+        self.figure(f"pod_setup_p99{suffix}", ms(pct(setup, 99)), "ms")
+        self.figure(f"pod_teardown_p50{suffix}", ms(pct(teardown, 50)), "ms")
+        self.samples(f"pod_setup{suffix}", setup)
+        self.extra[f"pod_setup_samples{suffix}"] = len(setup)
+        self.extra[f"pod_teardown_p99{suffix}_ms"] = ms(pct(teardown, 99))
+        if suffix:
+            for j in anchors:
+                self.job_down(j)
+            return []
         # detail only: the same number of pods made and removed one at a time (so only the
         # anchors + 1 pod are live), to separate per-pod cost from the live-pod count
         cycled: list[float] = []
@@ -462,7 +512,18 @@ class Bench:
         self.extra["pod_setup_p99_one_live_ms"] = ms(pct(cycled, 99))
         return anchors
 
-    def phase_first_pod(self) -> None:
+    def figure(self, name: str, value: float, unit: str) -> None:
+        """A printed figure (names ending in _nice0 etc. are details: JSON only)."""
+        if name.endswith(tuple(DETAIL_SUFFIXES)):
+            self.extra[f"{name}_{unit}"] = value
+        else:
+            self.figures[name] = (value, unit)
+
+    def samples(self, name: str, xs: list[float]) -> None:
+        """Raw samples (ms) in the JSON, for plots (tests/bench/plot_cdf.py)."""
+        self.extra.setdefault("samples_ms", {})[name] = [ms(x) for x in xs]
+
+    def phase_first_pod(self, suffix: str = "", vtep_counts: tuple[int, ...] = VTEP_COUNTS) -> None:
         assert self.etcd is not None
         alloc = Allocator(
             self.etcd,
@@ -472,12 +533,11 @@ class Bench:
             VNI_MIN,
             VNI_MAX,
         )
-        k = 100
-        for n in VTEP_COUNTS:
+        for n in vtep_counts:
             samples: list[float] = []
             for s in range(FIRST_POD_SAMPLES + 1):  # the first round is a warm-up
-                k += 1
-                user = self.user(k)
+                self.next_user += 1
+                user = self.user(self.next_user)
                 vni = alloc.user_vni(*user)
                 fake = [
                     op_put(
@@ -505,9 +565,9 @@ class Bench:
                     samples.append(dt)
                 self.job_down(jid)
                 self.etcd.put_many([op_delete(self.keys.prefix(f"vteps/{vni}"), prefix=True)])
-            self.figures[f"user_first_pod_p99_vteps{n}"] = (ms(pct(samples, 99)), "ms")
-            self.extra[f"user_first_pod_p50_vteps{n}_ms"] = ms(pct(samples, 50))
-            self.extra[f"user_first_pod_samples_vteps{n}"] = len(samples)
+            self.figure(f"user_first_pod_p99_vteps{n}{suffix}", ms(pct(samples, 99)), "ms")
+            self.extra[f"user_first_pod_p50_vteps{n}{suffix}_ms"] = ms(pct(samples, 50))
+            self.extra[f"user_first_pod_samples_vteps{n}{suffix}"] = len(samples)
 
     def phase_rss(self, anchors: list[int]) -> None:
         assert self.podnetd is not None
@@ -548,7 +608,7 @@ class Bench:
         if self.pod_count() != 0:
             raise RuntimeError("pods left after teardown")
 
-    def phase_cni(self) -> None:
+    def phase_cni(self, suffix: str = "") -> None:
         sh("ip", "netns", "add", CNI_HOST_NETNS)
         sh("ip", "netns", "exec", CNI_HOST_NETNS, "ip", "link", "set", "lo", "up")
         conf = json.dumps(
@@ -572,6 +632,7 @@ class Bench:
         def enter() -> None:  # in the child, before exec: the plugin runs in pbn-cnih
             if _libc.setns(fd, CLONE_NEWNET) != 0:
                 os._exit(111)
+            os.setpriority(os.PRIO_PROCESS, 0, NICE)  # as podnetd's
 
         def plugin(cmd: str, i: int) -> subprocess.CompletedProcess[str]:
             env = {
@@ -621,12 +682,13 @@ class Bench:
         self.cni_netns.clear()
         os.close(fd)
         sh("ip", "netns", "del", CNI_HOST_NETNS)
-        self.figures["cni_bridge_p50"] = (ms(pct(add, 50)), "ms")
-        self.figures["cni_bridge_p99"] = (ms(pct(add, 99)), "ms")
-        self.extra["cni_bridge_with_netns_add_p50_ms"] = ms(pct(with_netns, 50))
-        self.extra["cni_bridge_with_netns_add_p99_ms"] = ms(pct(with_netns, 99))
-        self.extra["cni_del_p50_ms"] = ms(pct(delete, 50))
-        self.extra["cni_samples"] = len(add)
+        self.figure(f"cni_bridge_p50{suffix}", ms(pct(add, 50)), "ms")
+        self.figure(f"cni_bridge_p99{suffix}", ms(pct(add, 99)), "ms")
+        self.samples(f"cni_bridge{suffix}", add)
+        self.extra[f"cni_bridge_with_netns_add_p50{suffix}_ms"] = ms(pct(with_netns, 50))
+        self.extra[f"cni_bridge_with_netns_add_p99{suffix}_ms"] = ms(pct(with_netns, 99))
+        self.extra[f"cni_del_p50{suffix}_ms"] = ms(pct(delete, 50))
+        self.extra[f"cni_samples{suffix}"] = len(add)
 
     def phase_alloc(self) -> None:
         """Allocator.allocate_job in-process against the real etcd (podnetd is stopped)."""
@@ -682,36 +744,71 @@ class Bench:
         self.phase_first_pod()
         log(f"{RSS_PODS} live pods")
         self.phase_rss(anchors)
+        if LOADED:
+            self.phase_loaded_podnetd()
         self.stop_podnetd()
         log("CNI bridge + host-local")
         self.phase_cni()
+        if LOADED:
+            log(f"loaded: CNI bridge, {os.cpu_count()} CPU-bound processes")
+            with CpuLoad(os.cpu_count() or 1):
+                self.phase_cni("_loaded")
         log("allocation")
         self.phase_alloc()
-        setup_p50 = self.figures["pod_setup_p50"][0]
-        self.figures["cni_over_podnet_p50"] = (
-            round(self.figures["cni_bridge_p50"][0] / setup_p50, 2),
-            "ratio",
-        )
+        for suffix in ("", "_loaded"):
+            if (
+                f"pod_setup_p50{suffix}" in self.figures
+                and f"cni_bridge_p50{suffix}" in self.figures
+            ):
+                self.figures[f"cni_over_podnet_p50{suffix}"] = (
+                    round(
+                        self.figures[f"cni_bridge_p50{suffix}"][0]
+                        / self.figures[f"pod_setup_p50{suffix}"][0],
+                        2,
+                    ),
+                    "ratio",
+                )
         self.extra["run_seconds"] = round(time.monotonic() - t0, 1)
         self.hold_back_undersized()
+
+    def phase_loaded_podnetd(self) -> None:
+        """The same phases with every core busy; then, as a detail, podnetd at the
+        neighbours' priority (nice 0) to show what its own priority buys."""
+        log(f"loaded: pod setup/teardown, first pods ({os.cpu_count()} CPU-bound processes)")
+        with CpuLoad(os.cpu_count() or 1):
+            self.phase_setup_teardown("_loaded")
+            self.phase_first_pod("_loaded")
+            if NICE != 0:
+                log("loaded, podnetd at nice 0 (detail)")
+                self.stop_podnetd()
+                self.start_podnetd(nice=0)
+                self.phase_setup_teardown("_loaded_nice0")
+                self.phase_first_pod("_loaded_nice0", (400,))
+        self.extra["nice"] = NICE
 
     def hold_back_undersized(self) -> None:
         """A smoke run (lowered sizes) measures, but does not print, figures below spec."""
         short: list[str] = []
         if SETUP_PODS < MIN_SETUP_PODS:
             short += [
-                "pod_setup_p50",
-                "pod_setup_p99",
-                "pod_teardown_p50",
-                "cni_bridge_p50",
-                "cni_bridge_p99",
-                "cni_over_podnet_p50",
+                f"{name}{suffix}"
+                for name in (
+                    "pod_setup_p50",
+                    "pod_setup_p99",
+                    "pod_teardown_p50",
+                    "cni_bridge_p50",
+                    "cni_bridge_p99",
+                    "cni_over_podnet_p50",
+                )
+                for suffix in ("", "_loaded")
             ]
         for name in short:
             if name in self.figures:
                 value, unit = self.figures.pop(name)
                 self.extra[f"undersized_{name}"] = f"{value} {unit}"
 
+
+DETAIL_SUFFIXES = ("_nice0",)
 
 ORDER = [
     "pod_setup_p50",
@@ -727,6 +824,15 @@ ORDER = [
     "alloc_job_nodes400",
     "alloc_job_nodes1000",
     "rss_1000_pods",
+    "pod_setup_p50_loaded",
+    "pod_setup_p99_loaded",
+    "pod_teardown_p50_loaded",
+    "cni_bridge_p50_loaded",
+    "cni_bridge_p99_loaded",
+    "cni_over_podnet_p50_loaded",
+    "user_first_pod_p99_vteps0_loaded",
+    "user_first_pod_p99_vteps100_loaded",
+    "user_first_pod_p99_vteps400_loaded",
 ]
 
 
@@ -776,6 +882,8 @@ def main() -> int:
                     "first_pod_samples": FIRST_POD_SAMPLES,
                     "rss_pods": RSS_PODS,
                     "alloc_runs": ALLOC_RUNS,
+                    "loaded": LOADED,
+                    "nice": NICE,
                 },
                 "extra": b.extra,
                 "host": {
