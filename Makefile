@@ -23,13 +23,14 @@ LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
   python3-venv nftables bind9-dnsutils zstd containernetworking-plugins iproute2 \
-  openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck
+  openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck \
+  clang libclang-rt-14-dev
 
 .PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
-  lint unit integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
+  lint unit fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
 
 help:
-	@echo "make lab | lab-down | lab-status | test | lint | unit | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
+	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
 
 ## --- dependencies -----------------------------------------------------------
 host-deps: $(CACHE_DIR)/host-deps.stamp
@@ -87,6 +88,12 @@ lint: deps
 
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+# The C side's fuzz targets (agent/native: the reply parser, the escaper and request
+# builder), libFuzzer under ASan/UBSan, FUZZ_SECONDS each; `make unit` runs them 4 s.
+FUZZ_SECONDS ?= 60
+fuzz: host-deps
+	$(MAKE) -C $(ROOT)/agent/native O=$(ROOT)/build/native FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz
 
 # Modules against a real 3-member TLS etcd started by the tests on loopback.
 integration: deps

@@ -1,6 +1,7 @@
-"""pn_enter_pod_resolver (roles/spank/files/podnet_client.c), shared by the SPANK plugin
-and the SSH side: a task entering a pod gets the pod's resolv.conf and its own /sys
-(only the pod's interfaces in /sys/class/net; the cgroup tree kept)."""
+"""pn_enter_pod_resolver (agent/native/podnet_pod.c), used by the SPANK plugin and
+pam_podnet.so: a task entering a pod gets the pod's resolv.conf and its own /sys (only
+the pod's interfaces in /sys/class/net; the cgroup tree kept). The driver is
+agent/native/tests/pod_resolver_driver.c, built by the native fixture (conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,34 +12,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[3]
-SPANK_DIR = ROOT / "roles" / "spank" / "files"
-HERE = Path(__file__).resolve().parent
 
-
-def test_pod_resolver_binds_resolv_conf_and_mounts_the_pods_sysfs(tmp_path: Path) -> None:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if not cc:
-        pytest.skip("no C compiler")
+def test_pod_resolver_binds_resolv_conf_and_mounts_the_pods_sysfs(native: Path) -> None:
     if os.geteuid() != 0 or not shutil.which("unshare"):
         pytest.skip("needs root and unshare (mount and network namespaces)")
-    exe = tmp_path / "pod_resolver_driver"
-    subprocess.run(
-        [
-            cc,
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            f"-I{SPANK_DIR}",
-            "-o",
-            str(exe),
-            str(HERE / "pod_resolver_driver.c"),
-            str(SPANK_DIR / "podnet_client.c"),
-        ],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
+    exe = native / "pod_resolver_driver"
     host_links = set(os.listdir("/sys/class/net"))
     r = subprocess.run(
         ["unshare", "--mount", "--net", "--propagation", "private", str(exe), "pn-j4242"],

@@ -19,7 +19,8 @@
  *      nodes; join of the user's job (SLURM_JOB_ID from the PAM environment,
  *      e.g. set by pam_slurm_adopt, else the user's most recent job pod on
  *      the node) on compute nodes;
- *   2. checks the pod is the user's, opens its netns file (pn_open_netns),
+ *   2. checks the pod is the user's (ask_podnetd_for, podnet_session.c),
+ *      opens its netns file (pn_open_netns),
  *      setns(CLONE_NEWNET), then enters the pod's resolver (and what else
  *      pn_enter_pod_resolver sets up) in a private mount namespace.
  * No job, or a pod that is not the user's: PAM_SESSION_ERR (sshd closes the
@@ -51,7 +52,7 @@
 #include <security/pam_ext.h>
 #include <security/pam_modules.h>
 
-#include "podnet_client.h"
+#include "podnet_pod.h"
 #include "podnet_session.h"
 
 #define PN_EXPORT __attribute__((visibility("default")))
@@ -129,15 +130,10 @@ PN_EXPORT int pam_sm_acct_mgmt(pam_handle_t *pamh, int flags, int argc,
 	}
 	if (x.conf.mode != MODE_COMPUTE)
 		return PAM_IGNORE; /* login pods are made in the session stage */
+	/* OUT_POD: the pod is this user's (ask_podnetd_for checks pod.uid) */
 	out = ask_podnetd_for(&x.conf, pam_getenv(pamh, "SLURM_JOB_ID"),
 			      (long long) x.pw.pw_uid, 0, &rep, msg,
 			      sizeof(msg));
-	if (out == OUT_POD &&
-	    (rep.pod_uid < 0 || rep.pod_uid != (long long) x.pw.pw_uid)) {
-		snprintf(msg, sizeof(msg), "podnetd returned a pod of another "
-			 "user");
-		out = OUT_REFUSE;
-	}
 	if (out == OUT_POD)
 		return PAM_SUCCESS;
 	if (out == OUT_ERROR && x.conf.on_error == ON_ERROR_HOST) {
@@ -173,12 +169,6 @@ PN_EXPORT int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc,
 				      : NULL,
 			      (long long) x.pw.pw_uid, (long long) getpid(),
 			      &rep, msg, sizeof(msg));
-	if (out == OUT_POD &&
-	    (rep.pod_uid < 0 || rep.pod_uid != (long long) x.pw.pw_uid)) {
-		snprintf(msg, sizeof(msg), "podnetd returned a pod of another "
-			 "user");
-		out = OUT_REFUSE;
-	}
 	if (out == OUT_POD) {
 		fd = pn_open_netns(rep.pod_netns, why, sizeof(why));
 		if (fd < 0) {

@@ -19,7 +19,8 @@
 #include <pwd.h>
 #include <stddef.h>
 
-#include "podnet_client.h"
+#include "podnet_json.h"
+#include "podnet_transport.h"
 
 #ifndef PN_SESSION_CONF
 #define PN_SESSION_CONF "/etc/podnet/session.conf"
@@ -69,7 +70,8 @@ enum outcome {
 };
 
 /* Asks podnetd (see build_request_for); fills rep and a message for the
- * user. */
+ * user. When uid > 0 names the user, OUT_POD also means the pod is that
+ * user's (pod.uid present and equal): a pod of anyone else is OUT_REFUSE. */
 enum outcome ask_podnetd_for(const struct session_conf *c, const char *job_env,
 			     long long uid, long long pid, pn_reply_t *rep,
 			     char *msg, size_t msgsz);

@@ -1,9 +1,9 @@
-/* Driver for test_pod_resolver.py: run as root in a fresh network namespace and
+/* Driver for tests/unit/c/test_pod_resolver.py: run as root in a fresh network namespace and
  * a private mount namespace (unshare -m -n). Puts a tmpfs on /etc holding a
  * node resolv.conf and a pod one, calls pn_enter_pod_resolver(argv[1]) and
  * prints what a task would see: resolv.conf, /sys/class/net, /sys/fs/cgroup. */
 #define _GNU_SOURCE
-#include "podnet_client.h"
+#include "podnet_pod.h"
 
 #include <dirent.h>
 #include <stdio.h>

@@ -46,7 +46,9 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
-#include "podnet_client.h"
+#include "podnet_json.h"
+#include "podnet_pod.h"
+#include "podnet_transport.h"
 
 SPANK_PLUGIN(podnet, 1);
 

@@ -1,6 +1,6 @@
 /*
- * podnet_session.c - see podnet_session.h. Used by pam_podnet.so (and its
- * unit tests, which include this file).
+ * podnet_session.c - see podnet_session.h. Used by pam_podnet.so; unit
+ * tests: tests/test_session.c.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -245,6 +245,11 @@ enum outcome ask_podnetd_for(const struct session_conf *c, const char *job_env,
 		if (!rep->pod_netns[0] || !rep->pod_name[0]) {
 			snprintf(msg, msgsz, "podnetd's reply has no pod");
 			return OUT_ERROR;
+		}
+		if (uid > 0 && rep->pod_uid != uid) {
+			snprintf(msg, msgsz, "podnetd returned a pod of another "
+				 "user");
+			return OUT_REFUSE;
 		}
 		return OUT_POD;
 	}

@@ -1,23 +1,22 @@
 /*
- * podnet_client.h - tiny client for the podnetd UNIX-socket API (docs/api.md).
+ * podnet_json.h - the podnetd wire format (docs/api.md) on the client side:
+ * the JSON string escaper, the request builder and the reply parser.
  *
- * Shared by the SPANK plugin (roles/spank) and the setuid session helper
- * (roles/sshd_hooks builds it from roles/spank/files). No global state, no
- * signals, no threads; the only allocation is pn_call()'s bounded reply
- * buffer, freed before it returns. Safe inside slurmstepd and in a setuid
- * program.
+ * Part of the podnetd client shared by the SPANK plugin (podnet_spank.c) and
+ * the PAM session module (pam_podnet.c); podnet_transport.h carries the lines,
+ * podnet_pod.h enters the pod a reply names. Pure functions over caller
+ * buffers: no I/O, no allocation, no global state. Safe inside slurmstepd and
+ * in a privileged process.
  *
  * Wire format: one JSON object per line each way, at most PN_MAX_LINE bytes.
  */
-#ifndef PODNET_CLIENT_H
-#define PODNET_CLIENT_H
+#ifndef PODNET_JSON_H
+#define PODNET_JSON_H
 
 #include <stddef.h>
 
 #define PN_API_VERSION 1
 #define PN_MAX_LINE 65536 /* docs/api.md: requests and replies <= 64 KiB */
-#define PN_DEFAULT_SOCKET "/run/podnet/podnetd.sock"
-#define PN_NETNS_DIR "/run/netns/"
 
 /* ---- request builder ------------------------------------------------------
  * pn_req_begin() writes {"v":1,"op":"<op>"; the add functions append members;
@@ -81,44 +80,8 @@ typedef struct {
 int pn_parse_reply(const char *line, size_t len, pn_reply_t *out, char *why,
 		   size_t whysz);
 
-/* ---- transport --------------------------------------------------------------
- * pn_call(): connect to the UNIX socket, send one request line, read one reply
- * line, parse it. timeout_ms bounds the whole exchange (connect + write +
- * read). The socket is close-on-exec and closed before returning.
- */
-enum {
-	PN_CALL_OK = 0,         /* reply parsed: look at rep->ok */
-	PN_CALL_E_CONNECT = 1,  /* socket missing / refused: daemon not running */
-	PN_CALL_E_TIMEOUT = 2,  /* no complete reply in time */
-	PN_CALL_E_IO = 3,       /* connection reset, short reply, EOF */
-	PN_CALL_E_PROTO = 4,    /* reply is not valid (see msg) */
-	PN_CALL_E_USAGE = 5,    /* bad arguments (path too long, ...) */
-};
-
-int pn_call(const char *sock_path, const char *req, size_t reqlen,
-	    pn_reply_t *rep, int timeout_ms, char *msg, size_t msgsz);
-
-/*
- * Checks that path names a network namespace file under /run/netns/ (one
- * component, [A-Za-z0-9._-], not "." or ".."), opens it without following
- * symlinks, and verifies it is an nsfs file owned by root. Returns an open
- * O_CLOEXEC descriptor, or -1 with a reason in why.
- */
-int pn_open_netns(const char *path, char *why, size_t whysz);
-
-/*
- * The pod's mounts (what `ip netns exec` does), after setns into the pod: in a
- * private mount namespace of the calling process (always, MS_SLAVE|MS_REC on /),
- * bind-mounts /etc/netns/<name>/resolv.conf onto /etc/resolv.conf when it
- * exists, and mounts a fresh sysfs on /sys (the pod's interfaces only; the
- * cgroup tree under /sys/fs/cgroup is kept). name is the netns name (checked
- * like pn_open_netns). Returns 0, -1 with a reason in why. Must run as root,
- * single-threaded, in the process that will exec the user's program.
- */
-int pn_enter_pod_resolver(const char *name, char *why, size_t whysz);
-
 /* Parses a base-10 unsigned integer in [min, max]; 0 ok, -1 bad. */
 int pn_parse_uint(const char *s, unsigned long long min, unsigned long long max,
 		  unsigned long long *out);
 
-#endif /* PODNET_CLIENT_H */
+#endif /* PODNET_JSON_H */
