@@ -25,7 +25,7 @@ log = logging.getLogger("podnet.alloc")
 
 RECORD_TTL = 30
 MAX_ATTEMPTS = 20
-#: larger jobs are read before the allocation transaction is built (see allocate_job)
+#: in larger jobs only the first node allocates; the others wait for it (see allocate_job)
 READ_FIRST_NODES = 16
 #: seconds the other nodes of a large job wait for its first node's allocation
 LEADER_WAIT = 3.0
@@ -155,22 +155,21 @@ class Allocator:
         the same transaction when a node has no free address), so hosts route a node's
         pods through that node. The transaction also takes the job name (newest job
         wins: the previous owner's name records go) and, when it loses because another
-        node allocated the job first, returns that job (one round trip either way). In
-        jobs of more than `READ_FIRST_NODES` nodes only the first node (`node_index` 0)
-        allocates at once; the others wait for its job record (`_await_job`, a few short
-        reads) and allocate themselves only if it never comes (first node slow or gone):
-        all nodes start together, and hundreds of large transactions of which one wins
-        cost etcd and the nodes more than the job's allocation itself (measured with
-        `make bench-scale`). The pods' DNS records are written by each node with its pod
-        (`publish_pod`).
+        node allocated the job first, returns that job (one round trip either way, so the
+        first try reads nothing before). In jobs of more than `READ_FIRST_NODES` nodes
+        only the first node (`node_index` 0) allocates at once; the others wait for its
+        job record (`_await_job`: a read, then a watch on the record) and allocate
+        themselves only if it never comes (first node slow or gone): all nodes start
+        together, and hundreds of large transactions of which one wins cost etcd and the
+        nodes more than the job's allocation itself (measured with `make bench-scale`).
+        The pods' DNS records are written by each node with its pod (`publish_pod`).
         """
-        read_first = len(nodes) > READ_FIRST_NODES
-        if read_first and node_index != 0:
+        if len(nodes) > READ_FIRST_NODES and node_index != 0:
             existing = self._await_job(job_id)
             if existing:
                 return _same_job(existing, user, nodes)
         for attempt in range(MAX_ATTEMPTS):
-            if read_first or attempt:
+            if attempt:
                 existing = self.get_job(job_id)
                 if existing:
                     return _same_job(existing, user, nodes)
@@ -213,8 +212,16 @@ class Allocator:
 
     def _await_job(self, job_id: int) -> Job | None:
         """The job record once the job's first node has written it, or None after
-        `LEADER_WAIT` seconds (reads back off from 2 to 64 ms: etcd sees a few cheap
-        range reads per waiting node, not a transaction)."""
+        `LEADER_WAIT` seconds: a read, then a watch on the record (`Etcd.get_or_wait`),
+        two requests per waiting node however long the first node takes, and the record
+        arrives as soon as it is written (reads backing off 2-64 ms sent 3-4 requests per
+        node and saw it 37-40 ms late at the median, the watch 12-23 ms: the wait path of
+        `make bench-scale`, docs/bench.md)."""
+        wait = getattr(self.etcd, "get_or_wait", None)
+        if wait is not None:
+            kv = wait(self.keys.job(job_id), LEADER_WAIT)
+            return Job.from_json(kv.json(), kv.mod_revision) if kv else None
+        # a store without watches (the unit tests' in-memory etcd): short reads
         end = time.monotonic() + LEADER_WAIT
         pause = 0.002
         while True:

@@ -14,6 +14,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,6 +201,51 @@ class Etcd:
         r = self.post("kv/range", {"key": b64(key)})
         kvs = r.get("kvs") or []
         return _kv(kvs[0]) if kvs else None
+
+    def get_or_wait(self, key: str, timeout: float) -> KV | None:
+        """`key`'s value, waiting up to `timeout` seconds for someone to write it.
+
+        Two requests however long the wait: a serializable read (no quorum round; if this
+        member lags, the watch below replays what it has not seen yet), then, when the key
+        is absent, a watch on that key alone from the revision after the read, closed at
+        the first put or at the deadline. Polling sends a read per try and sees the write
+        up to one pause late. None if the key is still absent at the deadline.
+        """
+        r = self.post("kv/range", {"key": b64(key), "serializable": True})
+        kvs = r.get("kvs") or []
+        if kvs:
+            return _kv(kvs[0])
+        body = {
+            "create_request": {
+                "key": b64(key),
+                "start_revision": str(int(r["header"]["revision"]) + 1),
+            }
+        }
+        end = time.monotonic() + timeout
+        with self._ep_lock:
+            ep = self.endpoints[0]
+        try:
+            with self._session().post(
+                ep.rstrip("/") + "/v3/watch",
+                data=json.dumps(body),
+                stream=True,
+                timeout=(self.timeout, max(0.001, timeout)),
+            ) as resp:
+                if resp.status_code == 200:
+                    # the gateway streams one JSON object per chunk; large values (a big
+                    # job's record) arrive in one read instead of 512-byte pieces
+                    for line in resp.iter_lines(chunk_size=65536):
+                        res = (json.loads(line).get("result") or {}) if line else {}
+                        for ev in res.get("events") or []:
+                            if ev.get("type") != "DELETE":
+                                return _kv(ev["kv"])
+                        if res.get("canceled") or time.monotonic() >= end:
+                            break
+        except (requests.exceptions.RequestException, ValueError) as e:
+            # the read timeout (the deadline passed) or a broken stream: one last read
+            # below answers either way (and raises if etcd is gone)
+            log.debug("watch %s: %s", key, e)
+        return self.get(key)
 
     def get_json(self, key: str) -> Any:
         kv = self.get(key)
