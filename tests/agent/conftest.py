@@ -119,7 +119,7 @@ class EtcdServer:
         self.start()
 
     def start(self) -> None:
-        with open(self.logfile, "a") as log:  # noqa: PTH123
+        with open(self.logfile, "a") as log:
             self.proc = subprocess.Popen(
                 [
                     ETCD,

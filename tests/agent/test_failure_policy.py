@@ -66,9 +66,7 @@ def test_fail_policy_answers_at_once(workdir: Path, own_etcd: EtcdServer) -> Non
 
 
 def test_retry_policy_waits_for_etcd(workdir: Path, own_etcd: EtcdServer) -> None:
-    node = node_with_policy(
-        workdir, own_etcd, failure_policy="retry", failure_retry_seconds=20
-    )
+    node = node_with_policy(workdir, own_etcd, failure_policy="retry", failure_retry_seconds=20)
     try:
         first = job_up(node, 1)["pod"]
         own_etcd.stop()
