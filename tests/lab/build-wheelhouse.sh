@@ -14,7 +14,7 @@ version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"
     "$root/agent/pyproject.toml")
 out=$cache/artifacts/podnet-wheelhouse-$version
 # pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
-pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML|requests)==' "$root/requirements-dev.txt" || true)
+pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/requirements-dev.txt" || true)
 # the sources only (never agent/build or other build leftovers): the same sources give the
 # same inputs, and (SOURCE_DATE_EPOCH, built from a clean copy) the same wheel bytes, in any
 # checkout, so the agent role never reinstalls an unchanged podnet
