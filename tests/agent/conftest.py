@@ -33,6 +33,7 @@ from podnet.store import Etcd
 REPO = Path(__file__).resolve().parents[2]
 ETCD = os.environ.get("PODNET_TEST_ETCD", "/usr/bin/etcd")
 BRIDGE = "patbr0"
+BRIDGE_MAC = "02:70:61:74:62:30"
 HOST_IP = "203.0.113.1"
 PREFIX = 26
 POD_CIDR = "198.19.0.0/16"
@@ -74,14 +75,23 @@ def workdir() -> Iterator[Path]:
     d = Path(tempfile.mkdtemp(prefix="pat-"))
     d.chmod(0o755)  # unprivileged callers must reach the sockets
     yield d
+    for n in d.glob("*/netns"):  # a node a test did not tear down
+        for f in n.glob("pn-*"):
+            subprocess.run(["umount", "-l", str(f)], check=False, capture_output=True)
+        subprocess.run(["umount", "-l", str(n)], check=False, capture_output=True)
     shutil.rmtree(d, ignore_errors=True)
+    if d.exists():
+        print(f"warning: {d} could not be removed", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
 def underlay() -> Iterator[str]:
     if sh("ip", "link", "show", BRIDGE, check=False).returncode == 0:
         sh("ip", "link", "del", BRIDGE)
-    sh("ip", "link", "add", BRIDGE, "type", "bridge")
+    # a fixed MAC: a bridge takes the lowest MAC of its ports, so without one it changed
+    # whenever a node's veth came or went, and the other nodes' ARP entries for the
+    # host (etcd) pointed nowhere until they expired (requests timed out under load)
+    sh("ip", "link", "add", BRIDGE, "address", BRIDGE_MAC, "type", "bridge")
     sh("ip", "addr", "add", f"{HOST_IP}/{PREFIX}", "dev", BRIDGE)
     sh("ip", "link", "set", BRIDGE, "up")
     rules = f"""
@@ -311,10 +321,15 @@ class Node:
 
     def teardown(self) -> None:
         self.stop()
-        for f in (self.dir / "netns").glob("pn-*"):
+        netns_dir = self.dir / "netns"
+        for f in netns_dir.glob("pn-*"):
             with contextlib.suppress(OSError):
                 subprocess.run(["umount", "-l", str(f)], check=False, capture_output=True)
                 f.unlink()
+        # podnetd made the directory a shared mount (as iproute2 does for /run/netns):
+        # without this the session's temp dir stays mounted after the run
+        if netns_dir.is_dir():
+            subprocess.run(["umount", "-l", str(netns_dir)], check=False, capture_output=True)
         sh("ip", "netns", "del", self.netns, check=False)
 
 

@@ -174,7 +174,11 @@ ensure_base() {    # sets BASE (unpacked, shared by every lab of this image)
 net_up() {
     if ! ip link show dev "$BR" >/dev/null 2>&1; then
         check_subnet_free
-        ip link add "$BR" type bridge
+        # a fixed MAC (from the lab's name): a bridge otherwise takes its ports' lowest
+        # MAC, which changes as nodes come and go, and the nodes' ARP entries for the
+        # host go stale until they expire
+        ip link add "$BR" address "$(printf '%s' "$LAB_NAME" | sha256sum |
+            sed -E 's/^(..)(..)(..)(..)(..).*/02:\1:\2:\3:\4:\5/')" type bridge
     fi
     ip addr replace "$HOST_IP/$PREFIX" dev "$BR"
     ip link set dev "$BR" up
