@@ -8,7 +8,15 @@ writes build/bench/e2e.json:
   alternating with and without `--podnet=no` (the lab allows opting out), medians;
 * srun_overhead ms: the difference of the medians;
 * spank_pod_ready_p50 / _p99 ms: per node, from the SPANK plugin's own log line
-  ("pod ... ready in N ms", extern step: request to podnetd until the pod is ready).
+  ("pod ... ready in N ms", extern step: request to podnetd until the pod is ready);
+* overlay_throughput_pod_gbps / _host_gbps, overlay_throughput_ratio: TCP throughput
+  (iperf3, one stream, BENCH_E2E_TPUT_SECONDS each) pod to pod across c1 and c2 (two
+  steps of one `salloc -N2` job of alice: the SPANK plugin puts them in the job's pods)
+  versus host to host (root on c1 and c2, their lab underlay addresses), alternating
+  (pod, host, host, pod, ...), BENCH_E2E_TPUT_RUNS runs each, medians; the ratio is
+  pod median / host median.
+
+BENCH_E2E_PARTS (default "launch,throughput") selects the parts.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -25,9 +34,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 RUNS = int(os.environ.get("BENCH_E2E_RUNS", "50"))
+TPUT_RUNS = int(os.environ.get("BENCH_E2E_TPUT_RUNS", "5"))
+TPUT_SECONDS = int(os.environ.get("BENCH_E2E_TPUT_SECONDS", "5"))
+PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput").split(","))
+#: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
+POD_PORT, HOST_PORT = 5301, 5302
 
 
-def ssh(node: str, cmd: str, timeout: float = 900) -> str:
+def ssh(node: str, cmd: str, timeout: float = 900, check: bool = True) -> str:
     r = subprocess.run(
         [str(REPO / "tests/lab/lab.sh"), "ssh", node, cmd],
         env={**os.environ, "LAB_NAME": LAB},
@@ -36,7 +50,7 @@ def ssh(node: str, cmd: str, timeout: float = 900) -> str:
         timeout=timeout,
         check=False,
     )
-    if r.returncode != 0:
+    if r.returncode != 0 and check:
         sys.exit(f"bench-e2e: {node}: {cmd[:60]}... failed:\n{r.stdout}\n{r.stderr}")
     return r.stdout
 
@@ -47,9 +61,119 @@ def percentile(xs: list[float], p: float) -> float:
     return s[k]
 
 
-def main() -> int:
-    if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
-        sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
+def iperf_gbps(out: str) -> float:
+    """Received throughput of an `iperf3 -J` client run (the last JSON document of `out`)."""
+    doc = json.loads(out[out.index("{") : out.rindex("}") + 1])
+    return float(doc["end"]["sum_received"]["bits_per_second"]) / 1e9
+
+
+def iperf_client(server: str, port: int) -> str:
+    """Shell: an iperf3 client, retried until the server listens; prints its JSON."""
+    return (
+        f"for i in $(seq 100); do "
+        f"out=$(timeout {TPUT_SECONDS + 30} iperf3 -J -c {server} -p {port} -t {TPUT_SECONDS}) "
+        f'&& {{ printf "%s\\n" "$out"; exit 0; }}; sleep 0.1; done; '
+        f'printf "%s\\n" "$out"; exit 1'
+    )
+
+
+def underlay_ip(node: str) -> str:
+    out = ssh(node, "ip -4 -o addr show dev host0")
+    return out.split()[3].split("/")[0]
+
+
+def pod_of(node: str, job: int) -> dict[str, object]:
+    for p in json.loads(ssh(node, "podnet --json pods")):
+        if str(p.get("job_id")) == str(job):
+            return dict(p)
+    return {}
+
+
+class PodJob:
+    """A 2-node allocation of alice over c1 and c2, for iperf3 steps in its pods."""
+
+    def __init__(self) -> None:
+        out = ssh(
+            "login",
+            "cd /tmp && runuser -u alice -- salloc --no-shell -N2 -w c1,c2 -t 30 "
+            "-J pn-bench-tput 2>&1",
+        )
+        found = re.findall(r"Granted job allocation (\d+)", out)
+        if not found:
+            sys.exit(f"bench-e2e: salloc gave no allocation:\n{out}")
+        self.job = int(found[0])
+        deadline = time.monotonic() + 60
+        while not (pod_of("c1", self.job) and pod_of("c2", self.job)):
+            if time.monotonic() > deadline:
+                self.close()
+                sys.exit(f"bench-e2e: job {self.job} has no pods on c1 and c2")
+            time.sleep(0.5)
+        self.server_ip = str(pod_of("c1", self.job)["ip"])
+
+    def run(self) -> float:
+        """One iperf3 run from alice's pod on c2 to her pod on c1 (one srun step, one task
+        per node: the server on node 0, c1; the client on node 1, c2)."""
+        task = (
+            f'if [ "$SLURM_NODEID" = 0 ]; then '
+            f"exec timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {POD_PORT} >/dev/null 2>&1; "
+            f"else {iperf_client(self.server_ip, POD_PORT)}; fi"
+        )
+        out = ssh(
+            "login",
+            f"cd /tmp && runuser -u alice -- srun --jobid={self.job} -N2 -n2 "
+            f"--ntasks-per-node=1 -w c1,c2 bash -c {shlex.quote(task)}",
+        )
+        return iperf_gbps(out)
+
+    def close(self) -> None:
+        ssh("login", f"scancel {self.job}", check=False)
+
+
+def host_run(server_ip: str) -> float:
+    """One iperf3 run from c2 to c1 in the nodes' own network (root, underlay addresses)."""
+    ssh(
+        "c1",
+        f"setsid timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {HOST_PORT} "
+        f"</dev/null >/dev/null 2>&1 &",
+    )
+    return iperf_gbps(ssh("c2", iperf_client(server_ip, HOST_PORT)))
+
+
+def require_iperf3() -> None:
+    for node in ("c1", "c2"):
+        if not ssh(node, "command -v iperf3 || true").strip():
+            sys.exit(
+                f"bench-e2e: no iperf3 on {node}: the lab runs an image older than "
+                "tests/lab/packages.txt (make lab-down && make lab), or BENCH_E2E_PARTS=launch"
+            )
+
+
+def throughput() -> dict[str, tuple[float, str]]:
+    host_ip = underlay_ip("c1")
+    job = PodJob()
+    samples: dict[str, list[float]] = {"pod": [], "host": []}
+    try:
+        for i in range(TPUT_RUNS):
+            for mode in ("pod", "host") if i % 2 == 0 else ("host", "pod"):
+                gbps = job.run() if mode == "pod" else host_run(host_ip)
+                samples[mode].append(gbps)
+                print(f"# throughput run {i + 1} {mode} {gbps:.2f} Gbit/s", file=sys.stderr)
+    finally:
+        job.close()
+    pod_m = statistics.median(samples["pod"])
+    host_m = statistics.median(samples["host"])
+    THROUGHPUT_SAMPLES.update(samples)
+    return {
+        "overlay_throughput_pod_gbps": (pod_m, "Gbit/s"),
+        "overlay_throughput_host_gbps": (host_m, "Gbit/s"),
+        "overlay_throughput_ratio": (pod_m / host_m, "ratio"),
+    }
+
+
+THROUGHPUT_SAMPLES: dict[str, list[float]] = {}
+
+
+def launch() -> tuple[dict[str, tuple[float, str]], int]:
     log_file = "/var/log/slurm/slurmd.log"
     start = {
         n: int(ssh(n, f"wc -l < {log_file} 2>/dev/null || echo 0").strip() or 0)
@@ -93,17 +217,35 @@ done
     if ready:
         figures["spank_pod_ready_p50"] = (percentile(ready, 50), "ms")
         figures["spank_pod_ready_p99"] = (percentile(ready, 99), "ms")
-    for name, (value, unit) in figures.items():
-        print(f"{name} {value:.1f} {unit}")
     print(f"# {RUNS} runs per mode, {len(ready)} pod-ready samples, {wall:.0f} s", file=sys.stderr)
+    return figures, len(ready)
+
+
+def main() -> int:
+    if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
+        sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
+    figures: dict[str, tuple[float, str]] = {}
+    ready = 0
+    if "throughput" in PARTS:
+        require_iperf3()
+    if "launch" in PARTS:
+        launch_figures, ready = launch()
+        figures.update(launch_figures)
+    if "throughput" in PARTS:
+        figures.update(throughput())
+    for name, (value, unit) in figures.items():
+        print(f"{name} {value:.2f} {unit}" if unit != "ms" else f"{name} {value:.1f} {unit}")
     outdir = REPO / "build" / "bench"
     outdir.mkdir(parents=True, exist_ok=True)
     (outdir / "e2e.json").write_text(
         json.dumps(
             {
                 "lab": LAB,
-                "runs": RUNS,
-                "ready_samples": len(ready),
+                "runs": RUNS if "launch" in PARTS else 0,
+                "ready_samples": ready,
+                "throughput_runs": TPUT_RUNS if "throughput" in PARTS else 0,
+                "throughput_seconds": TPUT_SECONDS,
+                "throughput_samples_gbps": THROUGHPUT_SAMPLES,
                 "figures": {k: {"value": round(v, 2), "unit": u} for k, (v, u) in figures.items()},
             },
             indent=2,
