@@ -26,7 +26,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck \
   clang libclang-rt-14-dev
 
-.PHONY: help collection-link deps host-deps venv lab lab-up lab-down lab-status lab-deploy \
+.PHONY: help collection-link deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
 
 help:
@@ -41,18 +41,25 @@ $(CACHE_DIR)/host-deps.stamp: Makefile
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(HOST_PACKAGES) >/dev/null
 	@touch $@
 
+# The venv is named by the hash of requirements-dev.txt: the same content is the same venv,
+# whatever the file's mtime (a fresh clone does not rebuild it), and a lock keeps two
+# checkouts from building the same one at once. .venv always points at it.
 venv: $(VENV)/.complete
-$(VENV)/.complete: requirements-dev.txt | host-deps
+	ln -sfn $(VENV) $(ROOT)/.venv
+$(VENV)/.complete: | host-deps
+	flock $(CACHE_DIR)/venv-$(VENV_HASH).lock $(MAKE) --no-print-directory -f $(ROOT)/Makefile venv-build
+
+venv-build:
+	[ ! -e $(VENV)/.complete ] || exit 0
 	rm -rf $(VENV).tmp
 	/usr/bin/python3 -m venv --system-site-packages $(VENV).tmp
 	$(VENV).tmp/bin/pip install -q --upgrade pip
-	$(VENV).tmp/bin/pip install -q -r requirements-dev.txt
+	$(VENV).tmp/bin/pip install -q -r $(ROOT)/requirements-dev.txt
 	rm -rf $(VENV) && mv $(VENV).tmp $(VENV)
 	# venvs are not relocatable: rewrite the shebangs and activate scripts
 	grep -rlI --null "$(VENV).tmp" $(VENV)/bin | xargs -0 -r sed -i "s#$(VENV).tmp#$(VENV)#g"
-	$(PY) -m pip install -q --no-deps -e agent
-	touch $@
-	ln -sfn $(VENV) $(ROOT)/.venv
+	$(PY) -m pip install -q --no-deps -e $(ROOT)/agent
+	touch $(VENV)/.complete
 
 collection-link: $(ROOT)/build/collections/ansible_collections/hpc/podnet
 $(ROOT)/build/collections/ansible_collections/hpc/podnet:
