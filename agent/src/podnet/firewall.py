@@ -10,6 +10,12 @@ Two tables, owned by podnetd alone (docs/agent.md explains every rule):
   socket, so `meta skuid` does not match them), and only the `host_uids` (root, the
   Slurm user) open connections to pods: a user's host-side process reaches no pod.
 
+The data path (docs/bench.md, "data path"): a frame meets at most two interface-name
+tests per chain, and a frame bridged inside a user's network is never tracked (`notrack`
+in the bridge table: br_netfilter would otherwise hand every such frame to conntrack, and
+no rule looks at its state). Frames to the gateway MAC (routed pod <-> host traffic) stay
+tracked for the output chain's `ct state established,related`.
+
 Per pod, one element in `bridge podnet ports` (add/delete through libnftables JSON,
 ~0.15 ms). A full replace (delete + recreate both tables in one transaction) is used
 only to resynchronise at start.
@@ -65,12 +71,23 @@ table bridge podnet {{
     set ports {{ type ifname . ether_addr . ipv4_addr; {port_elems} }}
     chain prerouting {{
         type filter hook prerouting priority -200; policy accept;
-        iifname "pnvx*" ether saddr {GATEWAY_MAC} drop
-        iifname "pnvx*" ether daddr {GATEWAY_MAC} drop
-        iifname "pnvx*" accept
-        iifname "pnv*" jump pod_in
+        # one interface-name test for a frame from VXLAN, two from a pod ("pnv*" also
+        # matches "pnvx*": VXLAN first; a goto ends in this chain's policy, not the next rule)
+        iifname "pnvx*" goto vxlan_in
+        iifname "pnv*" goto pod_in
+    }}
+    chain vxlan_in {{
+        ether saddr {GATEWAY_MAC} drop
+        ether daddr {GATEWAY_MAC} drop
+        # a frame inside the user's network: never tracked (br_netfilter would hand it to
+        # conntrack; no podnet rule looks at the state of bridged frames)
+        notrack
     }}
     chain pod_in {{
+        # bridged (not to the gateway MAC): untracked; routed (to the gateway): tracked,
+        # so replies of host services to the pod are `ct state established`
+        ether type ip ether daddr != {GATEWAY_MAC} iifname . ether saddr . ip saddr @ports \
+notrack accept
         ether type ip iifname . ether saddr . ip saddr @ports accept
         ether type arp iifname . ether saddr . arp saddr ip @ports \
 iifname . arp saddr ether . arp saddr ip @ports accept
@@ -91,9 +108,12 @@ table inet podnet {{
     chain input {{
         type filter hook input priority -10; policy accept;
         udp dport {vxlan_port} ip saddr != @vteps drop
-        iifname "pnbr*" udp dport @vxlan_ports drop
-        iifname "pnbr*" ip daddr @hosts accept
-        iifname "pnbr*" drop
+        iifname "pnbr*" goto from_pods
+    }}
+    chain from_pods {{
+        udp dport @vxlan_ports drop
+        ip daddr @hosts accept
+        drop
     }}
     chain output {{
         type filter hook output priority -10; policy accept;
