@@ -34,7 +34,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 RUNS = int(os.environ.get("BENCH_E2E_RUNS", "50"))
-TPUT_RUNS = int(os.environ.get("BENCH_E2E_TPUT_RUNS", "5"))
+TPUT_RUNS = int(os.environ.get("BENCH_E2E_TPUT_RUNS", "9"))
 TPUT_SECONDS = int(os.environ.get("BENCH_E2E_TPUT_SECONDS", "5"))
 PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput").split(","))
 #: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
