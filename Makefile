@@ -19,6 +19,9 @@ export PYTHONPATH := $(ROOT)/agent/src
 ETCD_ARTIFACT := $(CACHE_DIR)/artifacts/etcd-server/usr/bin/etcd
 
 LAB         := $(ROOT)/tests/lab/lab.sh
+# Suites with fixed names (netns pat-*, labs pnha/pnlt/pnmol) take a host-wide lock, so two
+# checkouts on one machine (CI beside a developer's tree) wait for each other, never collide.
+LOCKED      = flock $(CACHE_DIR)/suite-$(1).lock
 LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
@@ -108,27 +111,27 @@ integration: deps
 
 # The 3-member etcd proof on its own lab (tests/integration/run-etcd-ha.sh).
 test-etcd-ha: deps
-	$(ROOT)/tests/integration/run-etcd-ha.sh
+	$(call LOCKED,etcd-ha) $(ROOT)/tests/integration/run-etcd-ha.sh
 
 # The lab harness itself: host forwarding guard, the slim CoreDNS against a real
 # etcd, and a throwaway lab (up, ssh, re-up, SIGKILL recovery, clean down).
 test-lab-harness: deps artifacts
 	$(ROOT)/tests/lab/test-host-guard.sh
 	$(ROOT)/tests/lab/test-coredns.sh
-	$(ROOT)/tests/lab/test-lab.sh
+	$(call LOCKED,lab-harness) $(ROOT)/tests/lab/test-lab.sh
 
 test-agent: deps artifacts
-	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(PY) -m pytest -q $(ROOT)/tests/agent
+	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) -m pytest -q $(ROOT)/tests/agent
 
 test-molecule: deps artifacts
 	mkdir -p $(ROOT)/build/molecule-lab
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
-	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' molecule test -s lab
+	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' $(call LOCKED,molecule-lab) molecule test -s lab
 
 test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 
 bench-agent: deps artifacts
-	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(PY) $(ROOT)/tests/bench/bench_agent.py
+	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) $(ROOT)/tests/bench/bench_agent.py
 
 # One job of 100/400/1000 simulated nodes against a real etcd (the pcocc paper's Figure 2).
 bench-scale: deps artifacts
