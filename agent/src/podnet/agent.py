@@ -104,7 +104,7 @@ class Agent:
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
         rooms.lease.register()
-        rev = rooms.alloc.load_view()
+        rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
         rooms.sync.refresh_nodes()
         rooms.reconcile.reconcile()
         rooms.sync.sync_routes()
@@ -245,7 +245,7 @@ class Agent:
                 return pod
             vni, bri = r.nets.ensure(user, uid)
             try:
-                ip = r.alloc.allocate_login(self.cfg.node, user, uid, r.lease.id)
+                ip = r.alloc.allocate_login(self.cfg.node, user, uid, vni, r.lease.id)
             except AllocError as e:
                 raise PodnetError("EUNAVAIL", str(e)) from None
             pod = Pod.of_login(
@@ -366,6 +366,7 @@ class _Rooms:
             etcd, keys, alloc, dp, agent.pods, cfg.node, cfg.underlay_ip, cfg.user_net_linger
         )
         sync = EtcdSync(etcd, keys, cfg.node, alloc, dp, fw, agent.pods, nets)
+        nets.on_network = sync.queue
         lease = NodeLease(
             etcd, keys, cfg.node, cfg.underlay_ip, cfg.roles, agent.state, cc.login_lease_ttl
         )

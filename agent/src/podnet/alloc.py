@@ -13,13 +13,14 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from podnet import store
 from podnet.ipam import Ipam, PoolExhausted
 from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
-from podnet.store import Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
+from podnet.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
 
@@ -119,10 +120,13 @@ class Allocator:
         raise AllocError(f"could not allocate a VNI for {user} (contention)")
 
     # -- views -------------------------------------------------------------------------
-    def load_view(self) -> int:
-        """(Re)load blocks and used IPs into the IPAM view; returns the etcd revision."""
+    def load_view(self, ips_seen: Callable[[list[KV]], None] | None = None) -> int:
+        """(Re)load blocks and used IPs into the IPAM view; returns the etcd revision.
+        `ips_seen` gets the `ips/` records (read with their values only then)."""
         blocks, rev = self.etcd.get_prefix(self.keys.prefix("blocks"))
-        ips, rev2 = self.etcd.get_prefix(self.keys.prefix("ips"), keys_only=True)
+        ips, rev2 = self.etcd.get_prefix(self.keys.prefix("ips"), keys_only=ips_seen is None)
+        if ips_seen is not None:
+            ips_seen(ips)
         with self.ipam.lock:
             self.ipam.used.clear()
             self.ipam.blocks.clear()
@@ -186,7 +190,12 @@ class Allocator:
             prefix = self.keys.prefix("ips")
             for node, ip in zip(nodes, job.ips, strict=True):
                 compare.append(cmp_absent(prefix + ip))
-                ops.append(op_put(prefix + ip, f'{{"job_id":{job_id},"node":{json.dumps(node)}}}'))
+                ops.append(
+                    op_put(
+                        prefix + ip,
+                        f'{{"job_id":{job_id},"node":{json.dumps(node)},"vni":{vni}}}',
+                    )
+                )
             ops.append(op_put(self.keys.job(job_id), job.to_json()))
             # the job name is this job's now: the previous owner's records go with it
             ops.append(op_delete(self.name_records(user, job.label), prefix=True))
@@ -349,7 +358,7 @@ class Allocator:
         self.ipam.mark(job.ips, used=False)
 
     # -- logins ------------------------------------------------------------------------
-    def allocate_login(self, node: str, user: str, uid: int, lease: int) -> str:
+    def allocate_login(self, node: str, user: str, uid: int, vni: int, lease: int) -> str:
         """The login IP of `user` on `node` (on `lease`); idempotent."""
         key = self.keys.login(node, user)
         for attempt in range(MAX_ATTEMPTS):
@@ -372,7 +381,7 @@ class Allocator:
             for blk, n in new_blocks:
                 compare.append(cmp_absent(self.keys.block(str(blk))))
                 ops.append(op_put(self.keys.block(str(blk)), {"node": n}))
-            ops += self.login_record_ops(node, user, uid, ip, lease)
+            ops += self.login_record_ops(node, user, uid, vni, ip, lease)
             r = self.etcd.txn(compare, ops)
             if r.succeeded:
                 self.ipam.mark([ip])
@@ -384,14 +393,16 @@ class Allocator:
         raise AllocError(f"could not allocate a login address for {user} (contention)")
 
     def login_record_ops(
-        self, node: str, user: str, uid: int, ip: str, lease: int
+        self, node: str, user: str, uid: int, vni: int, ip: str, lease: int
     ) -> list[dict[str, Any]]:
         """The keys of a login pod, all on the node's lease: `logins/<node>/<user>`, its
         IP, `<node>.login.<user>.<zone>` and the PTR."""
         label = login_label(node)
         return [
             op_put(self.keys.login(node, user), {"ip": ip, "uid": uid}, lease),
-            op_put(self.keys.ip(ip), {"kind": "login", "node": node, "user": user}, lease),
+            op_put(
+                self.keys.ip(ip), {"kind": "login", "node": node, "user": user, "vni": vni}, lease
+            ),
             op_put(
                 f"{zone_path(self.zone)}/{user}/login/{label}",
                 {"host": ip, "ttl": RECORD_TTL},

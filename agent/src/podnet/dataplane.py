@@ -140,21 +140,33 @@ class Dataplane:
         """The user's bridge index if this agent set it up (no netlink dump)."""
         return self.bridges.get(vni)
 
-    def set_vteps(self, vni: int, vteps: list[str]) -> bool:
-        """Make the user's FDB exactly `vteps`; False if the user has no VXLAN here."""
+    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> bool:
+        """Make the user's FDB exactly `vteps` (flooding) and, unless None, `macs` (remote
+        pod MAC -> its node's underlay address: unicast to that node alone); False if the
+        user has no VXLAN here."""
         with self.lock:
             links = nl.links(self.nl())
             vx = links.get(vxlan_name(vni))
             if not vx:
                 return False
-            self._set_fdb(int(vx["index"]), vteps)
+            self._set_fdb(int(vx["index"]), vteps, macs)
             return True
 
-    def _set_fdb(self, index: int, vteps: list[str]) -> None:
+    def _set_fdb(self, index: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
         want = {v for v in vteps if v != self.underlay_ip}
-        have = nl.fdb_dsts(self.nl(), index)
+        have, unicast = nl.fdb_entries(self.nl(), index)
         reqs = [nl.fdb_flood(index, v) for v in sorted(want - have)]
         reqs += [nl.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
+        if macs is not None:
+            macs = {m: d for m, d in macs.items() if d != self.underlay_ip}
+            reqs += [
+                nl.fdb_unicast(index, m, d) for m, d in sorted(macs.items()) if unicast.get(m) != d
+            ]
+            reqs += [
+                nl.fdb_unicast(index, m, d, delete=True)
+                for m, d in sorted(unicast.items())
+                if m not in macs
+            ]
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)
 

@@ -4,9 +4,11 @@ routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network l
 Watches on `blocks/`, `ips/`, `vteps/` and `nodes/` feed `on_event`, which keeps the
 allocator's IPAM view current at once and queues only the sync an event needs: a block
 moved (routes), a node came or went (node table, firewall, routes), a user's VTEP set
-changed (that user's FDB). `run` applies the queue in one pass per burst of events; a
-failed pass is retried in full. After a watch was compacted away, `resync` re-reads
-everything.
+changed or a pod of theirs came or went on another node (that user's FDB: flood entries
+for the VTEPs, and a unicast entry per remote pod MAC, so a frame to a pod is sent to
+its node alone instead of to every node of the user). `run` applies the queue in one
+pass per burst of events; a failed pass is retried in full. After a watch was compacted
+away, `resync` re-reads everything.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from podnet.alloc import Allocator
 from podnet.dataplane import Dataplane
 from podnet.firewall import Firewall
 from podnet.names import Keys, block_from_key
+from podnet.nl import mac_for_ip
 from podnet.pods import PodTable
-from podnet.store import Etcd
+from podnet.store import KV, Etcd
 from podnet.usernets import UserNetworks
 
 log = logging.getLogger("podnet.sync")
@@ -53,6 +56,9 @@ class EtcdSync:
         self.pods = pods
         self.nets = nets
         self.node_ips: dict[str, str] = {}
+        # where the pods of each VNI are (vni -> ip -> node), from the `ips/` records
+        self.pods_at: dict[int, dict[str, str]] = {}
+        self._ip_vni: dict[str, int] = {}
         self._pending: set[str | int] = set()
         self._mutex = threading.Lock()
         self._wake = threading.Event()
@@ -61,7 +67,10 @@ class EtcdSync:
     def on_event(self, kind: str, key: str, kv: Any) -> None:
         rel = key[len(self.keys.root) :]
         if rel.startswith("ips/"):
-            self.alloc.ipam.mark([rel[4:]], used=(kind == "put"))
+            ip = rel[4:]
+            self.alloc.ipam.mark([ip], used=(kind == "put"))
+            for vni in self._locate(ip, _location(kv) if kind == "put" else None):
+                self.queue(vni)
             return
         if rel.startswith("blocks/"):
             blk = ipaddress.IPv4Network(block_from_key(key))
@@ -81,8 +90,49 @@ class EtcdSync:
             self._pending.add(what)
         self._wake.set()
 
+    def _locate(self, ip: str, where: tuple[int, str] | None) -> set[int]:
+        """Record that `ip` is a pod of VNI `where[0]` on node `where[1]` (None: no pod);
+        returns the VNIs whose remote pods changed."""
+        changed: set[int] = set()
+        with self._mutex:
+            old = self._ip_vni.pop(ip, None)
+            if old is not None:
+                node = self.pods_at.get(old, {}).pop(ip, None)
+                if node != self.node:
+                    changed.add(old)
+            if where is not None:
+                vni, node = where
+                self._ip_vni[ip] = vni
+                self.pods_at.setdefault(vni, {})[ip] = node
+                if node != self.node:
+                    changed.add(vni)
+        return changed
+
+    def _load_locations(self, kvs: list[KV]) -> None:
+        with self._mutex:
+            self.pods_at.clear()
+            self._ip_vni.clear()
+        for kv in kvs:
+            where = _location(kv)
+            if where is not None:
+                self._locate(kv.key.rsplit("/", 1)[-1], where)
+
+    def remote_macs(self, vni: int) -> dict[str, str]:
+        """MAC -> underlay address of the pods of `vni` on other (live) nodes."""
+        with self._mutex:
+            pods = dict(self.pods_at.get(vni, {}))
+        return {
+            mac_for_ip(ip): self.node_ips[node]
+            for ip, node in pods.items()
+            if node != self.node and node in self.node_ips
+        }
+
+    def user_fdb(self, vni: int) -> None:
+        """The user's FDB as etcd says (after their network was made here)."""
+        self.dp.set_vteps(vni, self.nets.vteps_of(vni), self.remote_macs(vni))
+
     def resync(self) -> int:
-        rev = self.alloc.load_view()
+        rev = self.alloc.load_view(self._load_locations)
         for what in ("nodes", "routes", "fdb"):
             self.queue(what)
         return rev
@@ -98,15 +148,14 @@ class EtcdSync:
         return todo
 
     def apply(self, todo: set[str | int]) -> None:
-        if "nodes" in todo:
-            self.refresh_nodes()
+        moved = "nodes" in todo and self.refresh_nodes()
         if "routes" in todo or "nodes" in todo:
             self.sync_routes()
-        if "fdb" in todo:
+        if "fdb" in todo or moved:
             self.sync_fdb()
         else:
             for vni in (t for t in todo if isinstance(t, int)):
-                self.dp.set_vteps(vni, self.nets.vteps_of(vni))
+                self.user_fdb(vni)
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -123,12 +172,15 @@ class EtcdSync:
                 time.sleep(1)
 
     # -- what a pass does ----------------------------------------------------------------
-    def refresh_nodes(self) -> None:
+    def refresh_nodes(self) -> bool:
+        """The node table from etcd; True if it changed (firewall resynced)."""
         kvs, _ = self.etcd.get_prefix(self.keys.prefix("nodes"))
         ips = {kv.key.rsplit("/", 1)[-1]: str(kv.json().get("ip")) for kv in kvs}
-        if ips != self.node_ips:
-            self.node_ips = ips
-            self.resync_firewall()
+        if ips == self.node_ips:
+            return False
+        self.node_ips = ips
+        self.resync_firewall()
+        return True
 
     def resync_firewall(self) -> None:
         self.fw.resync(sorted(set(self.node_ips.values())), self.pods.fw_ports())
@@ -143,4 +195,19 @@ class EtcdSync:
 
     def sync_fdb(self) -> None:
         for vni in list(self.dp.user_ports()):
-            self.dp.set_vteps(vni, self.nets.vteps_of(vni))
+            self.user_fdb(vni)
+
+
+def _location(kv: KV | None) -> tuple[int, str] | None:
+    """(vni, node) of an `ips/` record; None for records without them (older podnetd's:
+    their pods are reached through the flood entries)."""
+    try:
+        d = kv.json() if kv is not None else None
+    except ValueError:
+        return None
+    if not isinstance(d, dict):
+        return None
+    vni, node = d.get("vni"), d.get("node")
+    if isinstance(vni, int) and isinstance(node, str):
+        return vni, node
+    return None

@@ -472,6 +472,26 @@ def fdb_flood(index: int, vtep: str, delete: bool = False) -> Request:
     )
 
 
+def fdb_unicast(index: int, mac: str, vtep: str, delete: bool = False) -> Request:
+    """FDB entry on a VXLAN device: frames to `mac` (a remote pod) go to `vtep` alone,
+    not to every VTEP of the all-zero entries. Encoded here like `fdb_flood`."""
+    body = (
+        _NDMSG.pack(AF_BRIDGE, 0, 0, index, NUD_PERMANENT, NTF_SELF, 0)
+        + _rta(NDA_LLADDR, bytes.fromhex(mac.replace(":", "")))
+        + _rta(NDA_DST, socket.inet_aton(vtep))
+    )
+    if delete:
+        return Request.raw(
+            RTM_DELNEIGH, _SET, body, f"delete fdb {mac}", ignore=(errno.ENOENT, errno.ENODEV)
+        )
+    return Request.raw(
+        RTM_NEWNEIGH,
+        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_REPLACE,
+        body,
+        f"fdb {mac} {vtep}",
+    )
+
+
 # -- queries -------------------------------------------------------------------------
 def links(nl: Netlink) -> dict[str, dict[str, Any]]:
     """name -> {index, kind, master, vni} for every link of the socket's netns."""
@@ -518,15 +538,27 @@ def podnet_routes(nl: Netlink) -> list[tuple[str, int, int, str | None, int]]:
 
 def fdb_dsts(nl: Netlink, index: int) -> set[str]:
     """Destinations of all-zero FDB entries on VXLAN device `index`."""
+    return fdb_entries(nl, index)[0]
+
+
+def fdb_entries(nl: Netlink, index: int) -> tuple[set[str], dict[str, str]]:
+    """The FDB of VXLAN device `index`: destinations of its all-zero (flood) entries, and
+    MAC -> destination of its unicast entries (the device's own entries only: the
+    bridge's entries for the port carry no destination)."""
     m = ndmsg()
     m["family"] = AF_BRIDGE
-    out: set[str] = set()
+    flood: set[str] = set()
+    unicast: dict[str, str] = {}
     for msg in nl.dump(m, RTM_GETNEIGH):
-        if msg["ifindex"] != index:
+        dst = msg.get_attr("NDA_DST")
+        if msg["ifindex"] != index or not dst:
             continue
-        if msg.get_attr("NDA_LLADDR") == "00:00:00:00:00:00" and msg.get_attr("NDA_DST"):
-            out.add(msg.get_attr("NDA_DST"))
-    return out
+        mac = msg.get_attr("NDA_LLADDR")
+        if mac == "00:00:00:00:00:00":
+            flood.add(dst)
+        elif mac:
+            unicast[mac] = dst
+    return flood, unicast
 
 
 def first_ipv4(nl: Netlink, ifname: str) -> str | None:

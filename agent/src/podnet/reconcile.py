@@ -130,7 +130,7 @@ class Reconciler:
 
     def republish_login(self, p: Pod) -> None:
         self.etcd.put_many(
-            self.alloc.login_record_ops(self.cfg.node, p.user, p.uid, p.ip, self.lease_id())
+            self.alloc.login_record_ops(self.cfg.node, p.user, p.uid, p.vni, p.ip, self.lease_id())
         )
 
     def after_lease_loss(self) -> None:

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from podnet.alloc import Allocator
 from podnet.dataplane import Dataplane
@@ -49,6 +49,9 @@ class UserNetworks:
         self._registered: set[int] = set()
         self._idle: dict[int, tuple[float, int]] = {}  # vni -> (last pod gone, uid)
         self._mutex = threading.Lock()  # the four tables above
+        #: called with the VNI when its network was made here (the sync loop then adds
+        #: the unicast FDB entries of the user's pods on other nodes)
+        self.on_network: Callable[[int], None] = lambda vni: None
 
     def lock(self, uid: int) -> threading.Lock:
         """The user's lock: held while their network or pods on this node change."""
@@ -80,6 +83,7 @@ class UserNetworks:
         bri = self.dp.user_bridge(vni)
         if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
             bri = self.dp.ensure_user(vni, self.vteps_of(vni) if vteps is None else vteps)
+            self.on_network(vni)
         return vni, bri
 
     def _register_and_read(self, vni: int) -> list[str]:

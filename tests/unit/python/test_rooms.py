@@ -38,6 +38,7 @@ class FakeDataplane:
     """Records what the rooms ask the kernel for."""
 
     bridges: dict[int, list[str]] = field(default_factory=dict)  # vni -> vteps
+    macs: dict[int, dict[str, str]] = field(default_factory=dict)  # vni -> unicast FDB
     removed: list[int] = field(default_factory=list)
 
     def user_bridge(self, vni: int) -> int | None:
@@ -47,8 +48,10 @@ class FakeDataplane:
         self.bridges[vni] = vteps
         return 100 + vni
 
-    def set_vteps(self, vni: int, vteps: list[str]) -> None:
+    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
         self.bridges[vni] = vteps
+        if macs is not None:
+            self.macs[vni] = macs
 
     def user_ports(self) -> dict[int, int]:
         return {v: 100 + v for v in self.bridges}
@@ -179,6 +182,48 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     nets.register_vteps([5000])
     sync.apply({5000})
     assert dp.bridges[5000] == ["203.0.113.11"]
+
+
+def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
+    nets, etcd, dp, pods = _nets(linger=0)
+    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
+    sync.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
+
+    class KV:
+        def __init__(self, v: str) -> None:
+            self.value = v
+
+        def json(self) -> Any:
+            return json.loads(self.value)
+
+    def put(ip: str, value: str) -> None:
+        sync.on_event("put", f"/podnet/u/ips/{ip}", KV(value))
+
+    put("198.18.0.2", '{"job_id":1,"node":"n1","vni":5000}')  # this node's own pod
+    assert sync.take() == set()
+    put("198.18.0.66", '{"job_id":1,"node":"n2","vni":5000}')
+    put("198.18.0.67", '{"kind":"login","node":"n2","user":"alice","vni":5000}')
+    put("198.18.0.68", '{"job_id":2,"node":"n3","vni":5000}')  # n3: no node record
+    put("198.18.0.69", '{"job_id":3,"node":"n2","vni":5001}')  # another user
+    put("198.18.0.70", '{"job_id":4,"node":"n2"}')  # an older podnetd's record: floods
+    put("198.18.0.71", "not json")
+    assert sync.take() == {5000, 5001}
+    assert sync.remote_macs(5000) == {
+        "0a:58:c6:12:00:42": "203.0.113.12",
+        "0a:58:c6:12:00:43": "203.0.113.12",
+    }
+    dp.bridges = {5000: []}
+    sync.apply({5000})
+    assert dp.macs[5000] == sync.remote_macs(5000)
+    sync.on_event("delete", "/podnet/u/ips/198.18.0.66", None)
+    assert sync.take() == {5000}
+    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
+    # a resync rebuilds the same view from the records
+    etcd.data.clear()
+    etcd.put("/podnet/u/ips/198.18.0.67", {"node": "n2", "vni": 5000})
+    sync.resync()
+    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
+    assert sync.remote_macs(5001) == {}
 
 
 # -- pods ----------------------------------------------------------------------------------
