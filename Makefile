@@ -126,7 +126,9 @@ test-agent: deps artifacts
 test-molecule: deps artifacts
 	mkdir -p $(ROOT)/build/molecule-lab
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
-	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' $(call LOCKED,molecule-lab) molecule test -s lab
+	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
+	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' $(call LOCKED,molecule-lab) molecule test -s lab \
+	  || { cat $(ROOT)/tests/output/e2e-failures-pnmol.txt 2>/dev/null; exit 1; }
 
 test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 

@@ -22,6 +22,24 @@ LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 CLUSTER = os.environ.get("PODNET_E2E_CLUSTER", "lab")
 POD_CIDR = "198.18.0.0/15"
 
+#: what failed, in full (make test-molecule prints it after a failed verify: the
+#: molecule output around it is too long to keep in a CI log's tail)
+FAILURES = REPO / "tests" / "output" / f"e2e-failures-{LAB}.txt"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    del session
+    FAILURES.unlink(missing_ok=True)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.failed:
+        FAILURES.parent.mkdir(parents=True, exist_ok=True)
+        with FAILURES.open("a") as f:
+            f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
+            f.write(report.longreprtext[-6000:] + "\n")
+
+
 if os.geteuid() != 0:
     pytest.skip("e2e tests need root (lab.sh ssh)", allow_module_level=True)
 if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
