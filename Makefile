@@ -128,7 +128,11 @@ test-molecule: deps artifacts
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
 	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
 	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' $(call LOCKED,molecule-lab) molecule test -s lab \
-	  || { cat $(ROOT)/tests/output/e2e-failures-pnmol.txt 2>/dev/null; exit 1; }
+	  2>&1 | tee $(ROOT)/build/molecule-lab/molecule.log \
+	  || { echo "==== test-molecule failed: the failed tasks, then the failed e2e tests"; \
+	       sed 's/\x1b\[[0-9;]*m//g' $(ROOT)/build/molecule-lab/molecule.log \
+	         | grep -E -A25 '(fatal|failed): \[|CRITICAL|ERROR ' | tail -n 150; \
+	       cat $(ROOT)/tests/output/e2e-failures-pnmol.txt 2>/dev/null; exit 1; }
 
 test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 
