@@ -13,6 +13,9 @@ PY          := $(VENV)/bin/python
 export PATH := $(VENV)/bin:/usr/local/go/bin:$(PATH)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 export PODNET_CACHE_DIR := $(CACHE_DIR)
+# this checkout's podnet wheelhouse (tests/lab/build-wheelhouse.sh; the lab inventory's
+# agent_wheelhouse): never one another checkout sharing the cache built from its sources
+export PODNET_WHEELHOUSE_DIR := $(ROOT)/build/artifacts
 # this checkout's agent, whatever checkout the shared venv's editable install points to
 export PYTHONPATH := $(ROOT)/agent/src
 # the etcd the lab nodes run (trixie's, fetched by `make artifacts`): agent tests and bench

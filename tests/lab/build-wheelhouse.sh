@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The podnet agent and its dependencies as wheels for the nodes' Python (Debian trixie:
-# CPython 3.13, x86_64), into $PODNET_CACHE_DIR/artifacts/podnet-wheelhouse-<version>/:
+# CPython 3.13, x86_64), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/ (the
+# Makefile sets it to this checkout's build/artifacts: built from this checkout's sources,
+# never from another checkout's that shares the cache; default $PODNET_CACHE_DIR/artifacts):
 # the directory hpc.podnet.agent installs from with `pip --no-index` (nodes have no
 # internet; an air-gapped site builds it the same way on a connected machine).
 # Skipped when the directory exists and was built from the same inputs.
@@ -12,7 +14,8 @@ py=${PYTHON:-$root/.venv/bin/python}
 node_py=${NODE_PYTHON_VERSION:-3.13}
 version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' \
     "$root/agent/pyproject.toml")
-out=$cache/artifacts/podnet-wheelhouse-$version
+out=${PODNET_WHEELHOUSE_DIR:-$cache/artifacts}/podnet-wheelhouse-$version
+deps=$cache/artifacts/wheel-deps  # the dependencies' wheels, shared by every checkout
 # pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
 pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/requirements-dev.txt" || true)
 # the sources only (never agent/build or other build leftovers): the same sources give the
@@ -22,12 +25,12 @@ export SOURCE_DATE_EPOCH=315532800
 inputs=$( { (cd "$root/agent" && find pyproject.toml src -type f \( -name '*.py' -o -name '*.toml' \) \
               -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat);
             echo "$pins $node_py"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
-mkdir -p "$cache/artifacts"
+mkdir -p "$cache/artifacts" "$(dirname "$out")" "$deps"
 if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
     echo "wheelhouse: cached $out (inputs $inputs)"
     exit 0
 fi
-tmp=$(mktemp -d "$cache/artifacts/.wheelhouse.XXXXXX")
+tmp=$(mktemp -d "$(dirname "$out")/.wheelhouse.XXXXXX")
 trap 'rm -rf "$tmp"' EXIT
 mkdir "$tmp/src"
 (cd "$root/agent" && tar --exclude=__pycache__ --exclude='*.egg-info' -cf - pyproject.toml src) \
@@ -47,9 +50,10 @@ download() {
         --platform manylinux_2_28_x86_64 --platform any -r "$reqs" "$@"
 }
 # the dependencies rarely change: reuse the previous wheelhouse offline, else download
-if ! { [ -d "$out" ] && download --no-index --find-links "$out" 2>/dev/null; }; then
+if ! download --no-index --find-links "$deps" 2>/dev/null; then
     download
 fi
+find "$tmp" -maxdepth 1 -name '*.whl' ! -name 'podnet-*' -exec cp -n {} "$deps/" \;
 rm -f "$reqs"
 echo "$inputs" >"$tmp/.inputs"
 (cd "$tmp" && sha256sum ./*.whl >SHA256SUMS)
