@@ -13,6 +13,8 @@
 # twice as slow per transaction operation: the agent tests and benchmark run
 # against the version podnet deploys. Fetched once with apt (signatures
 # checked) from an isolated trixie source list; the host's apt state is not touched.
+#
+# apptainer: the Debian package roles/apptainer installs (see fetch_apptainer).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -98,5 +100,40 @@ fetch_etcd_locked() {
     echo "etcd: $("$link/usr/bin/etcd" --version | head -n 1) (Debian $version)"
 }
 
+# Apptainer: the Debian package roles/apptainer installs (apptainer_version), from sid
+# (trixie has none; its dependencies are all in trixie and in the lab image), as
+# $artifacts/apptainer_<version>_amd64.deb + .sha256. Same isolated apt as etcd.
+fetch_apptainer() {
+    (
+        flock 9
+        fetch_apptainer_locked
+    ) 9>"$artifacts/.apptainer.lock"
+}
+
+fetch_apptainer_locked() {
+    local version deb tmp
+    version=$(awk '$1 == "apptainer_version:" { gsub(/"/, "", $2); print $2 }' "$here/../../roles/apptainer/defaults/main.yml")
+    [ -n "$version" ] || { echo "build-artifacts: no apptainer_version in roles/apptainer/defaults/main.yml" >&2; return 1; }
+    deb=$artifacts/apptainer_${version}_amd64.deb
+    if [ -s "$deb" ] && [ -s "$deb.sha256" ]; then
+        echo "apptainer: cached ($(basename "$deb"))"
+        return 0
+    fi
+    tmp=$(mktemp -d "$artifacts/.apptainer.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
+    echo "deb [check-valid-until=no] http://deb.debian.org/debian sid main" >"$tmp/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
+               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
+    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && "${apt[@]}" download "apptainer=$version" >"$tmp/download.log" 2>&1) \
+        || { cat "$tmp/download.log" >&2; echo "apptainer: $version not in sid (any more?)" >&2; return 1; }
+    mv -f "$tmp/deb/apptainer_${version//:/%3a}_amd64.deb" "$deb"
+    (cd "$artifacts" && sha256sum "$(basename "$deb")" >"$deb.sha256.tmp" && mv -f "$deb.sha256.tmp" "$deb.sha256")
+    echo "apptainer: $(basename "$deb") sha256 $(cut -d' ' -f1 "$deb.sha256")"
+}
+
 build_coredns
 fetch_etcd
+fetch_apptainer
