@@ -146,6 +146,37 @@ PN_EXPORT int pam_sm_acct_mgmt(pam_handle_t *pamh, int flags, int argc,
 	return PAM_PERM_DENIED;
 }
 
+/*
+ * The pod's PID namespace for everything this monitor forks from now on (the
+ * session's child, then the shell): setns(CLONE_NEWPID) moves only future
+ * children, and sshd starts no thread. /proc becomes the pod's (bound from
+ * podnet-init's mount). 0 also when the pod has no PID namespace.
+ */
+static int enter_pidns(pam_handle_t *pamh, const char *pod)
+{
+	char why[512];
+	int fd = pn_open_pidns(pod, why, sizeof(why));
+
+	if (fd == -2)
+		return 0;
+	if (fd < 0) {
+		pam_syslog(pamh, LOG_ERR, "%s: %s", pod, why);
+		return -1;
+	}
+	if (setns(fd, CLONE_NEWPID) < 0) {
+		pam_syslog(pamh, LOG_ERR, "%s: setns(pid): %s", pod,
+			   strerror(errno));
+		close(fd);
+		return -1;
+	}
+	close(fd);
+	if (pn_bind_pod_proc(pod, why, sizeof(why)) < 0) {
+		pam_syslog(pamh, LOG_ERR, "%s: %s", pod, why);
+		return -1;
+	}
+	return 0;
+}
+
 PN_EXPORT int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc,
 				  const char **argv)
 {
@@ -187,6 +218,15 @@ PN_EXPORT int pam_sm_open_session(pam_handle_t *pamh, int flags, int argc,
 				pam_syslog(pamh, LOG_WARNING,
 					   "%s: %s (keeping the node's files)",
 					   rep.pod_name, why);
+			else if (enter_pidns(pamh, rep.pod_name) < 0) {
+				snprintf(msg, sizeof(msg), "cannot enter the "
+					 "PID namespace of pod %s",
+					 rep.pod_name);
+				pam_syslog(pamh, LOG_NOTICE, "%s refused: %s",
+					   x.pw.pw_name, msg);
+				tell(pamh, msg);
+				return PAM_SESSION_ERR;
+			}
 			pam_syslog(pamh, LOG_INFO, "%s: session in pod %s (%s)",
 				   x.pw.pw_name, rep.pod_name, rep.pod_ip);
 			return PAM_SUCCESS;

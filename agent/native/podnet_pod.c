@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
@@ -21,6 +22,9 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#ifndef PROC_SUPER_MAGIC
+#define PROC_SUPER_MAGIC 0x9fa0
+#endif
 #ifndef NSFS_MAGIC
 #define NSFS_MAGIC 0x6e736673
 #endif
@@ -149,36 +153,32 @@ int pn_enter_pod_resolver(const char *name, char *why, size_t whysz)
 /* Netns path checks                                                        */
 /* ======================================================================= */
 
-int pn_open_netns(const char *path, char *why, size_t whysz)
+/* Opens dir/name (dir ends in '/'), an nsfs file owned by root in a root-owned
+ * directory closed to others; name already checked. -2 when it does not exist. */
+static int open_ns_file(const char *dir, const char *name, char *why,
+			size_t whysz)
 {
-	const size_t plen = sizeof(PN_NETNS_DIR) - 1;
+	char path[PATH_MAX];
 	struct stat st;
 	struct statfs sfs;
 	int fd;
 
-	if (why && whysz)
-		why[0] = '\0';
-	if (!path || strncmp(path, PN_NETNS_DIR, plen) != 0) {
-		pn_fmt(why, whysz, "netns path is not under %s", PN_NETNS_DIR);
-		return -1;
-	}
-	if (check_name(path + plen, "netns", why, whysz) < 0)
-		return -1;
+	snprintf(path, sizeof(path), "%s%s", dir, name);
 	/* the directory must be root's and not writable by anyone else */
-	if (lstat(PN_NETNS_DIR, &st) < 0) {
-		pn_fmt(why, whysz, "%s: %s", PN_NETNS_DIR, strerror(errno));
-		return -1;
+	if (lstat(dir, &st) < 0) {
+		pn_fmt(why, whysz, "%s: %s", dir, strerror(errno));
+		return errno == ENOENT ? -2 : -1;
 	}
 	if (!S_ISDIR(st.st_mode) || st.st_uid != 0 ||
 	    (st.st_mode & (S_IWGRP | S_IWOTH))) {
 		pn_fmt(why, whysz, "%s is not a root-owned directory closed "
-		       "to others", PN_NETNS_DIR);
+		       "to others", dir);
 		return -1;
 	}
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NOCTTY);
 	if (fd < 0) {
 		pn_fmt(why, whysz, "%s: %s", path, strerror(errno));
-		return -1;
+		return errno == ENOENT ? -2 : -1;
 	}
 	if (fstat(fd, &st) < 0 || fstatfs(fd, &sfs) < 0) {
 		pn_fmt(why, whysz, "%s: %s", path, strerror(errno));
@@ -197,4 +197,66 @@ int pn_open_netns(const char *path, char *why, size_t whysz)
 		return -1;
 	}
 	return fd;
+}
+
+int pn_open_netns(const char *path, char *why, size_t whysz)
+{
+	const size_t plen = sizeof(PN_NETNS_DIR) - 1;
+	int fd;
+
+	if (why && whysz)
+		why[0] = '\0';
+	if (!path || strncmp(path, PN_NETNS_DIR, plen) != 0) {
+		pn_fmt(why, whysz, "netns path is not under %s", PN_NETNS_DIR);
+		return -1;
+	}
+	if (check_name(path + plen, "netns", why, whysz) < 0)
+		return -1;
+	fd = open_ns_file(PN_NETNS_DIR, path + plen, why, whysz);
+	return fd == -2 ? -1 : fd;
+}
+
+int pn_open_pidns(const char *name, char *why, size_t whysz)
+{
+	if (why && whysz)
+		why[0] = '\0';
+	if (check_name(name, "pod", why, whysz) < 0)
+		return -1;
+	return open_ns_file(PN_PIDNS_DIR, name, why, whysz);
+}
+
+int pn_bind_pod_proc(const char *name, char *why, size_t whysz)
+{
+	char src[PATH_MAX];
+	struct statfs sfs;
+
+	if (why && whysz)
+		why[0] = '\0';
+	if (check_name(name, "pod", why, whysz) < 0)
+		return -1;
+	snprintf(src, sizeof(src), "%s%s.proc", PN_PIDNS_DIR, name);
+	/* podnet-init mounted it; anything else there is not the pod's */
+	if (statfs(src, &sfs) < 0 ||
+	    (unsigned long) sfs.f_type != (unsigned long) PROC_SUPER_MAGIC) {
+		pn_fmt(why, whysz, "%s is not a proc mount", src);
+		return -1;
+	}
+	if (mount(src, "/proc", NULL, MS_BIND | MS_REC, NULL) < 0) {
+		pn_fmt(why, whysz, "bind %s on /proc: %s", src, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+int pn_mount_pod_proc(char *why, size_t whysz)
+{
+	if (why && whysz)
+		why[0] = '\0';
+	/* a proc of the PID namespace we are in; the old one stays below it */
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC,
+		  NULL) < 0) {
+		pn_fmt(why, whysz, "mount proc on /proc: %s", strerror(errno));
+		return -1;
+	}
+	return 0;
 }

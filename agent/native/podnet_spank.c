@@ -75,6 +75,10 @@ static dev_t pod_dev;            /* identity of the pod's netns */
 static ino_t pod_ino;
 static char pod_name[64];
 static char pending_error[768];  /* reported to the user in the task */
+static int pidns_fd = -1;        /* the pod's PID namespace (none: -1) */
+static int host_pidns_fd = -1;   /* slurmstepd's own, to return to */
+static ino_t pidns_ino;
+static int pid_moved;            /* tasks fork into the pod's PID namespace */
 
 static int opt_cb(int val, const char *optarg, int remote);
 
@@ -426,6 +430,44 @@ static void set_pending(const char *fmt, ...)
 	va_end(ap);
 }
 
+/*
+ * The pod's PID namespace, for user_init to fork the tasks into. setns() of a
+ * PID namespace changes only where the caller's future children go, and a
+ * thread created meanwhile would fail (EINVAL): the window is kept to the
+ * task forks, user_init to task_post_fork (docs/agent.md, "PID namespace").
+ */
+static void open_pidns(void)
+{
+	char why[512];
+	struct stat st;
+
+	pidns_fd = pn_open_pidns(pod_name, why, sizeof(why));
+	if (pidns_fd == -2) {
+		pidns_fd = -1; /* podnetd gives pods no PID namespace */
+		return;
+	}
+	if (pidns_fd < 0 || fstat(pidns_fd, &st) < 0) {
+		set_pending("podnet: cannot open the pod's PID namespace: %s",
+			    why);
+		return;
+	}
+	pidns_ino = st.st_ino;
+	host_pidns_fd = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
+	if (host_pidns_fd < 0) {
+		set_pending("podnet: /proc/self/ns/pid: %s", strerror(errno));
+		close(pidns_fd);
+		pidns_fd = -1;
+	}
+}
+
+/* Is the calling process in the pod's PID namespace? */
+static int in_pod_pidns(void)
+{
+	struct stat st;
+
+	return stat("/proc/self/ns/pid", &st) == 0 && st.st_ino == pidns_ino;
+}
+
 /* Puts the calling thread (slurmstepd's main thread) into the pod. */
 static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
 {
@@ -512,6 +554,7 @@ static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
 	joined = 1;
 	slurm_info("podnet: job %u step %u joined pod %s", job_id, step_id,
 		   pod_name);
+	open_pidns();
 }
 
 /* Is the calling thread in the pod's network namespace? */
@@ -592,15 +635,80 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 			    pod_name);
 		return cfg.policy == POLICY_WARN ? 0 : -1;
 	}
+	if (pidns_fd >= 0 && !in_pod_pidns()) {
+		slurm_error("podnet: task is not in the PID namespace of pod %s",
+			    pod_name);
+		return cfg.policy == POLICY_WARN ? 0 : -1;
+	}
 	if (joined) {
 		char why[256];
 
 		/* names resolve with the pod's search path (job, user, admin) */
-		if (pn_enter_pod_resolver(pod_name, why, sizeof(why)) < 0 &&
-		    task == 0)
-			slurm_error("podnet: %s (the task keeps the node's "
-				    "resolv.conf)", why);
+		if (pn_enter_pod_resolver(pod_name, why, sizeof(why)) < 0) {
+			if (task == 0)
+				slurm_error("podnet: %s (the task keeps the "
+					    "node's resolv.conf)", why);
+		} else if (pidns_fd >= 0 &&
+			   pn_mount_pod_proc(why, sizeof(why)) < 0) {
+			slurm_error("podnet: %s", why);
+			return cfg.policy == POLICY_WARN ? 0 : -1;
+		}
 	}
+	return 0;
+}
+
+/*
+ * slurmstepd's main thread, as the user (euid), right before it forks the
+ * tasks: from here its children are born in the pod's PID namespace.
+ * setns() needs CAP_SYS_ADMIN: the saved uid is root, so the effective uid
+ * goes back to root for the call only.
+ */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	uid_t euid = geteuid();
+	int rc, err;
+
+	(void) sp;
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE || pidns_fd < 0 || pid_moved)
+		return 0;
+	if (euid != 0 && seteuid(0) < 0) {
+		set_pending("podnet: cannot enter the pod's PID namespace: "
+			    "seteuid: %s", strerror(errno));
+		return 0;
+	}
+	rc = setns(pidns_fd, CLONE_NEWPID);
+	err = errno;
+	if (euid != 0 && seteuid(euid) < 0) {
+		slurm_error("podnet: seteuid(%u): %s", (unsigned) euid,
+			    strerror(errno));
+		return -1; /* never go on as root */
+	}
+	if (rc < 0) {
+		set_pending("podnet: cannot enter the pod's PID namespace: %s",
+			    strerror(err));
+		return 0;
+	}
+	pid_moved = 1;
+	return 0;
+}
+
+/* In slurmstepd (root) once every task is forked: back to its own PID
+ * namespace, so the threads it starts later can be created. */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void) sp;
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE || !pid_moved)
+		return 0;
+	if (setns(host_pidns_fd, CLONE_NEWPID) < 0) {
+		slurm_error("podnet: setns back to slurmstepd's PID "
+			    "namespace: %s", strerror(errno));
+		return -1;
+	}
+	pid_moved = 0;
 	return 0;
 }
 

@@ -16,7 +16,13 @@ writes build/bench/e2e.json:
   (pod, host, host, pod, ...), BENCH_E2E_TPUT_RUNS runs each, medians; the ratio is
   pod median / host median.
 
-BENCH_E2E_PARTS (default "launch,throughput") selects the parts.
+* srun_n2_true_pod_netns_only / _pod_with_pidns ms, pid_ns_overhead ms: `srun -N2 true`
+  with a pod that is a network namespace only (podnetd's `pid_init: ""`) versus one that
+  is also a PID namespace (the default), medians of BENCH_E2E_PIDNS_RUNS runs each, in
+  alternating blocks of BENCH_E2E_PIDNS_BLOCK runs (podnetd on c1 and c2 restarted with
+  the other setting between blocks; pods survive restarts).
+
+BENCH_E2E_PARTS (default "launch,throughput,pidns") selects the parts.
 """
 
 from __future__ import annotations
@@ -36,7 +42,11 @@ LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 RUNS = int(os.environ.get("BENCH_E2E_RUNS", "50"))
 TPUT_RUNS = int(os.environ.get("BENCH_E2E_TPUT_RUNS", "9"))
 TPUT_SECONDS = int(os.environ.get("BENCH_E2E_TPUT_SECONDS", "5"))
-PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput").split(","))
+PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput,pidns").split(","))
+PIDNS_RUNS = int(os.environ.get("BENCH_E2E_PIDNS_RUNS", "30"))
+PIDNS_BLOCK = int(os.environ.get("BENCH_E2E_PIDNS_BLOCK", "10"))
+PODNET_CONF = "/etc/podnet/podnet.yaml"
+PID_INIT = "/usr/local/lib/podnet/podnet-init"
 #: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
 POD_PORT, HOST_PORT = 5301, 5302
 
@@ -221,6 +231,50 @@ done
     return figures, len(ready)
 
 
+def set_pid_init(value: str) -> None:
+    """pid_init of podnetd on c1 and c2, podnetd restarted and answering again."""
+    for node in ("c1", "c2"):
+        ssh(
+            node,
+            f"sed -i 's|^pid_init:.*|pid_init: \"{value}\"|' {PODNET_CONF} && "
+            f"grep -q '^pid_init: \"{value}\"' {PODNET_CONF} && systemctl restart podnetd && "
+            "until podnet pods >/dev/null 2>&1; do sleep 0.1; done",
+        )
+
+
+def srun_true_ms(runs: int) -> list[float]:
+    script = f"""
+cd /tmp
+for i in $(seq {runs}); do
+  until [ "$(sinfo -h -n c1,c2 -o %T | sort -u)" = idle ]; do sleep 0.02; done
+  t0=$(date +%s%N)
+  runuser -u alice -- srun -N2 -w c1,c2 -t 1 true || exit 1
+  t1=$(date +%s%N)
+  echo $(( (t1 - t0) / 1000 ))
+done
+"""
+    return [int(x) / 1000.0 for x in ssh("login", script).split()]
+
+
+def pidns() -> dict[str, tuple[float, str]]:
+    samples: dict[str, list[float]] = {"netns": [], "pidns": []}
+    try:
+        while min(len(v) for v in samples.values()) < PIDNS_RUNS:
+            for mode, value in (("netns", ""), ("pidns", PID_INIT)):
+                set_pid_init(value)
+                samples[mode] += srun_true_ms(PIDNS_BLOCK)
+    finally:
+        set_pid_init(PID_INIT)
+    net_m = statistics.median(samples["netns"])
+    pid_m = statistics.median(samples["pidns"])
+    print(f"# pidns: {len(samples['pidns'])} runs per mode", file=sys.stderr)
+    return {
+        "srun_n2_true_pod_netns_only": (net_m, "ms"),
+        "srun_n2_true_pod_with_pidns": (pid_m, "ms"),
+        "pid_ns_overhead": (pid_m - net_m, "ms"),
+    }
+
+
 def main() -> int:
     if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
         sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
@@ -233,6 +287,8 @@ def main() -> int:
         figures.update(launch_figures)
     if "throughput" in PARTS:
         figures.update(throughput())
+    if "pidns" in PARTS:
+        figures.update(pidns())
     for name, (value, unit) in figures.items():
         print(f"{name} {value:.2f} {unit}" if unit != "ms" else f"{name} {value:.1f} {unit}")
     outdir = REPO / "build" / "bench"

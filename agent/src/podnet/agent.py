@@ -39,6 +39,7 @@ from podnet.ipam import Ipam
 from podnet.metrics import Histogram
 from podnet.names import Keys, job_netns, login_netns
 from podnet.node_lease import NodeLease
+from podnet.pidns import PidNamespaces
 from podnet.pods import Pod, PodnetError, PodTable, PodWiring, job_search
 from podnet.reconcile import Reconciler
 from podnet.sessions import LoginSessions
@@ -360,6 +361,7 @@ class _Rooms:
             cfg.underlay_ip,
             cc.vxlan_port,
             cc.underlay_mtu,
+            PidNamespaces(cfg.pidns_dir, cfg.pid_init),
         )
         fw = Firewall(cc.pod_cidr, cc.vxlan_port, cc.host_cidrs, cfg.host_uids)
         nets = UserNetworks(

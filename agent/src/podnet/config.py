@@ -103,6 +103,10 @@ class NodeConfig:
     etcd_timeout: float = 5.0
     socket: str = "/run/podnet/podnetd.sock"
     netns_dir: str = "/run/netns"
+    #: pods' PID namespaces (<dir>/<pod>) and the program that starts their PID 1;
+    #: pid_init "" gives pods a network namespace only
+    pidns_dir: str = "/run/podnet/pidns"
+    pid_init: str = ""
     resolv_dir: str = "/etc/netns"
     state_dir: str = "/var/lib/podnet"
     metrics: str | None = None
@@ -167,12 +171,17 @@ class NodeConfig:
             c.etcd_ca, c.etcd_cert, c.etcd_key = (str(x) for x in tls)
         if any(urlsplit(ep).scheme == "https" for ep in eps) and not c.etcd_ca:
             raise ConfigError(f"{where}: https etcd endpoints need etcd_ca/etcd_cert/etcd_key")
-        for k in ("socket", "netns_dir", "resolv_dir", "state_dir"):
+        for k in ("socket", "netns_dir", "pidns_dir", "resolv_dir", "state_dir"):
             if k in d:
                 v = _str(d[k], k, where)
                 if not v.startswith("/"):
                     raise ConfigError(f"{where}: '{k}' must be an absolute path")
                 setattr(c, k, v)
+        if d.get("pid_init"):
+            v = _str(d["pid_init"], "pid_init", where)
+            if not v.startswith("/"):
+                raise ConfigError(f"{where}: 'pid_init' must be an absolute path")
+            c.pid_init = v
         if d.get("metrics") is not None:
             m = _str(d["metrics"], "metrics", where)
             host, _, port = m.rpartition(":")

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from podnet import netns, nl
 from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
+from podnet.pidns import PidNamespaces
 
 log = logging.getLogger("podnet.dataplane")
 
@@ -75,8 +76,11 @@ class Dataplane:
         underlay_ip: str,
         vxlan_port: int,
         underlay_mtu: int,
+        pidns: PidNamespaces | None = None,
     ) -> None:
         self.netns_dir = Path(netns_dir)
+        #: pods' PID namespaces (pidns.py); None or disabled: network namespace only
+        self.pidns = pidns
         self.resolv_dir = Path(resolv_dir)
         self.underlay_ip = underlay_ip
         self.vxlan_port = vxlan_port
@@ -238,6 +242,8 @@ class Dataplane:
         pod_nl = self.host.create(path, inside)
         veth = new_veth_name()
         try:
+            if self.pidns is not None:
+                self.pidns.create(name)
             fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.nl().batch(
@@ -308,6 +314,8 @@ class Dataplane:
     def remove_pod(self, name: str, ip: str | None) -> bool:
         """Remove a pod's netns (the kernel reaps its veth), route and resolv.conf."""
         existed = netns.remove(self.netns_path(name))
+        if self.pidns is not None:
+            self.pidns.remove(name)
         if ip:
             try:
                 self.nl().batch([nl.route(ip, 32, delete=True)])

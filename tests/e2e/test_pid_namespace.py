@@ -1,0 +1,153 @@
+"""Pods are PID namespaces too: PID 1 is podnet-init, a step sees its job's processes only.
+
+alice runs a 2-node batch job (`sleep 600` on c1, the batch host) and a second job on
+c1 (`sleep 601`); bob's session job also sleeps on c1. Steps are launched into the
+first job with `srun --jobid --overlap`.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterator
+
+import pytest
+from conftest import sbatch, scancel, ssh, wait_for
+
+
+def step(job: int, cmd: str, user: str = "alice", check: bool = True, node: str = "c1") -> str:
+    r = ssh(
+        "login",
+        f"cd /tmp && runuser -u {user} -- srun --jobid={job} --overlap -N1 -n1 -w {node} {cmd}",
+        check=check,
+        timeout=120,
+    )
+    return r.stdout + (r.stderr if not check else "")
+
+
+def ps(job: int) -> list[tuple[int, str, str]]:
+    """(pid, user, args) of every process a step of `job` on c1 sees."""
+    out = step(job, "ps -e -o pid=,user=,args=")
+    rows = []
+    for line in out.splitlines():
+        pid, user, args = line.split(None, 2)
+        rows.append((int(pid), user, args))
+    return rows
+
+
+@pytest.fixture(scope="module")
+def two_jobs() -> Iterator[dict[str, int]]:
+    j = {
+        "a1": sbatch("alice", "pida1", nodes="c1,c2", script="sleep 600"),
+        "a2": sbatch("alice", "pida2", nodes="c1", script="sleep 601"),
+        "b": sbatch("bob", "pidb", nodes="c1", script="sleep 602"),
+    }
+    try:
+        yield j
+    finally:
+        for job in j.values():
+            scancel(job)
+
+
+def test_a_step_sees_only_its_job_and_pid_1_is_the_pod_init(two_jobs: dict[str, int]) -> None:
+    rows = ps(two_jobs["a1"])
+    assert rows[0][0] == 1 and "podnet-init" in rows[0][2], rows
+    args = [a for _, _, a in rows]
+    # the batch script's sleep (another step of the same job) is there
+    assert any(a == "sleep 600" for a in args), rows
+    # not alice's other job, not bob's job, not the node's daemons
+    assert not any(a in ("sleep 601", "sleep 602") for a in args), rows
+    names = {a.split()[0].rsplit("/", 1)[-1] for a in args}
+    assert not names & {"slurmd", "slurmstepd", "sshd", "podnetd", "systemd"}, rows
+    assert {u for _, u, _ in rows[1:]} == {"alice"}, rows
+    # same on the second node (no batch script there)
+    out = step(two_jobs["a1"], "ps -e -o pid=,args=", node="c2")
+    assert re.match(r"\s*1 .*podnet-init", out), out
+
+
+def test_two_steps_of_a_job_see_each_other(two_jobs: dict[str, int]) -> None:
+    job = two_jobs["a1"]
+    ssh(
+        "login",
+        f"cd /tmp && runuser -u alice -- setsid -f srun --jobid={job} --overlap -N1 -n1 -w c1 "
+        "sleep 4242 >/dev/null 2>&1 </dev/null",
+    )
+    wait_for(lambda: any(a.endswith("sleep 4242") for _, _, a in ps(job)), 60)
+    # and the other job of alice does not see it
+    assert not any(a.endswith("sleep 4242") for _, _, a in ps(two_jobs["a2"]))
+
+
+def test_kill_all_in_a_step_kills_only_that_jobs_processes(two_jobs: dict[str, int]) -> None:
+    """kill -9 -1 as alice: without a PID namespace it kills every process of alice on
+    the node, her other job's included."""
+    job = sbatch("alice", "pidkill", nodes="c1", script="sleep 603")
+    try:
+        step(job, "sh -c 'kill -9 -1'", check=False)
+        assert any(a == "sleep 601" for _, _, a in ps(two_jobs["a2"])), "her other job was hit"
+        assert ssh("login", f"squeue -h -j {two_jobs['a2']} -o %T").stdout.strip() == "RUNNING"
+    finally:
+        scancel(job)
+
+
+def test_exit_codes_and_signals_come_through(two_jobs: dict[str, int]) -> None:
+    job = two_jobs["a1"]
+    r = ssh(
+        "login",
+        f"cd /tmp && runuser -u alice -- srun --jobid={job} --overlap -N1 -n1 -w c1 sh -c 'exit 3'",
+        check=False,
+    )
+    assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+    # scancel --signal=USR1 reaches the task
+    script = (
+        "#!/bin/sh\n"
+        'srun -N1 -n1 sh -c \'trap "echo got-usr1; exit 7" USR1; '
+        "echo ready; while :; do sleep 1; done'\n"
+        "echo srun-rc=$?\n"
+    )
+    b64 = base64.b64encode(script.encode()).decode()
+    ssh("login", f"echo {b64} | base64 -d >/tmp/pid-usr1.sh && chmod 0755 /tmp/pid-usr1.sh")
+    out = ssh(
+        "login",
+        "cd /tmp && runuser -u alice -- sbatch --parsable -J pidusr1 -w c1 -N1 "
+        "-o /tmp/pid-usr1-%j.out /tmp/pid-usr1.sh",
+    ).stdout
+    sig = int(re.findall(r"\d+", out)[0])
+
+    def output() -> str:  # written by the batch step on c1
+        return str(ssh("c1", f"cat /tmp/pid-usr1-{sig}.out", check=False).stdout)
+
+    try:
+        wait_for(lambda: "ready" in output())
+        ssh("login", f"scancel --signal=USR1 {sig}.0")
+        text = wait_for(lambda: "srun-rc=" in (o := output()) and o, 60)
+        assert "got-usr1" in text and "srun-rc=7" in text, text
+    finally:
+        scancel(sig)
+
+
+def test_job_end_removes_the_pid_namespace_and_its_init() -> None:
+    job = sbatch("carol", "pidend", nodes="c1", script="sleep 600")
+    try:
+        assert ssh("c1", f"test -e /run/podnet/pidns/pn-j{job}", check=False).returncode == 0
+        init_pid = ssh("c1", f"cut -d' ' -f1 /run/podnet/pidns/pn-j{job}.init").stdout.strip()
+        # an orphan left behind by a step (its parent exits at once)
+        step(job, "sh -c 'sleep 4343 >/dev/null 2>&1 </dev/null &'", user="carol")
+    finally:
+        scancel(job)
+    wait_for(
+        lambda: ssh("c1", f"test -e /run/podnet/pidns/pn-j{job}", check=False).returncode != 0, 60
+    )
+    left = ssh("c1", f"ps -o pid= -p {init_pid}; pgrep -f 'sleep 4343'", check=False).stdout
+    assert left.strip() == "", left
+
+
+def test_ssh_into_a_compute_node_lands_in_a_jobs_pid_namespace(two_jobs: dict[str, int]) -> None:
+    """pam_podnet puts the session into one of alice's job pods on c1: its PID
+    namespace too, /proc included."""
+    out = ssh("alice@c1", "ps -e -o pid=,args=").stdout
+    rows = [line.split(None, 1) for line in out.splitlines()]
+    assert rows[0][0] == "1" and "podnet-init" in rows[0][1], out
+    args = [a for _, a in rows]
+    assert ("sleep 600" in args) != ("sleep 601" in args), out
+    assert "sleep 602" not in args, out
+    assert not any(a.startswith(("/usr/sbin/sshd", "sshd:")) and "[priv]" in a for a in args), out
