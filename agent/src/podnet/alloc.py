@@ -131,6 +131,7 @@ class Allocator:
             self.ipam.used.clear()
             self.ipam.blocks.clear()
             self.ipam.node_blocks.clear()
+            self.ipam.claims.clear()
         for kv in blocks:
             self.ipam.set_block(
                 ipaddress.IPv4Network(block_from_key(kv.key)), str(kv.json().get("node"))
@@ -208,6 +209,7 @@ class Allocator:
             if r.succeeded:
                 self.ipam.mark(job.ips)
                 self.ipam.release_pending(job.ips)
+                self.ipam.confirm_blocks(blk for blk, _node in new_blocks)
                 job.revision = r.revision
                 return job
             self._release(job.ips, new_blocks)
@@ -323,15 +325,13 @@ class Allocator:
     def _claim_block(
         self, node: str, new_blocks: list[tuple[ipaddress.IPv4Network, str]]
     ) -> ipaddress.IPv4Network:
-        blk = self.ipam.free_blocks(node, 1)[0]
-        self.ipam.set_block(blk, node)
+        blk = self.ipam.claim_block(node)
         new_blocks.append((blk, node))
         return blk
 
     def _release(self, ips: list[str], new_blocks: list[tuple[ipaddress.IPv4Network, str]]) -> None:
         self.ipam.release_pending(ips)
-        for blk, _node in new_blocks:
-            self.ipam.set_block(blk, None)
+        self.ipam.unclaim_blocks(blk for blk, _node in new_blocks)
 
     def release_job(self, job: Job) -> None:
         """Delete a job, its IPs, markers and DNS records (the name only if still ours)."""
@@ -386,6 +386,7 @@ class Allocator:
             if r.succeeded:
                 self.ipam.mark([ip])
                 self.ipam.release_pending([ip])
+                self.ipam.confirm_blocks(blk for blk, _n in new_blocks)
                 return ip
             self._release([ip], new_blocks)
             self.load_view()

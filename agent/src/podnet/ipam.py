@@ -36,20 +36,56 @@ class Ipam:
         self.pending: set[int] = set()
         self.blocks: dict[ipaddress.IPv4Network, str] = {}
         self.node_blocks: dict[str, list[ipaddress.IPv4Network]] = {}
+        #: blocks this agent put in the view for a transaction etcd has not answered
+        #: (`claim_block`): only these may be taken back by `unclaim_blocks`
+        self.claims: set[ipaddress.IPv4Network] = set()
         self._cursor: dict[ipaddress.IPv4Network, int] = {}
         self._reserved = {int(pod_cidr.network_address), int(pod_cidr.broadcast_address)}
         self.n_blocks = 1 << (block_prefix - pod_cidr.prefixlen)
 
     # -- blocks ------------------------------------------------------------------------
     def set_block(self, block: ipaddress.IPv4Network, node: str | None) -> None:
+        """What etcd says of `block` (its owner, None: free): overrides any claim of ours."""
         with self.lock:
-            old = self.blocks.pop(block, None)
-            if old is not None and block in self.node_blocks.get(old, []):
-                self.node_blocks[old].remove(block)
-            if node is not None:
-                self.blocks[block] = node
-                self.node_blocks.setdefault(node, []).append(block)
-                self.node_blocks[node].sort()
+            self.claims.discard(block)
+            self._set(block, node)
+
+    def _set(self, block: ipaddress.IPv4Network, node: str | None) -> None:
+        old = self.blocks.pop(block, None)
+        if old is not None and block in self.node_blocks.get(old, []):
+            self.node_blocks[old].remove(block)
+        if node is not None:
+            self.blocks[block] = node
+            self.node_blocks.setdefault(node, []).append(block)
+            self.node_blocks[node].sort()
+
+    def claim_block(self, node: str) -> ipaddress.IPv4Network:
+        """A free block put in the view as `node`'s until etcd answers the transaction
+        that claims it (`confirm_blocks` or `unclaim_blocks`)."""
+        while True:
+            blk = self.free_blocks(node, 1)[0]
+            with self.lock:
+                if blk in self.blocks:  # taken meanwhile (a watch event): the next one
+                    continue
+                self._set(blk, node)
+                self.claims.add(blk)
+                return blk
+
+    def confirm_blocks(self, blocks: Iterable[ipaddress.IPv4Network]) -> None:
+        """Our transaction claiming `blocks` succeeded."""
+        with self.lock:
+            self.claims.difference_update(blocks)
+
+    def unclaim_blocks(self, blocks: Iterable[ipaddress.IPv4Network]) -> None:
+        """Our transaction claiming `blocks` failed: free those still only claimed. A block
+        etcd reported meanwhile (`set_block`: typically the same block claimed for the
+        same node by the node that won the race) keeps what etcd said; freeing it would
+        drop the route to that node's pods until the block changes again."""
+        with self.lock:
+            for blk in blocks:
+                if blk in self.claims:
+                    self.claims.discard(blk)
+                    self._set(blk, None)
 
     def free_blocks(self, node: str, count: int) -> list[ipaddress.IPv4Network]:
         """`count` unowned blocks, searched from a per-node starting point (less contention)."""
