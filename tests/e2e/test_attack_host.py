@@ -17,6 +17,7 @@ import json
 import time
 from typing import Any
 
+import pytest
 from conftest import CLUSTER, etcdctl, in_pod, pod_of, ssh, wait_for
 from test_jobs import build_mpi_hello
 
@@ -220,7 +221,10 @@ def test_host_processes_reach_no_pod_and_forge_no_vxlan(jobs: dict[str, int]) ->
         _stop_listeners()
     # positive control: root on the node still reaches pods (local and remote)
     for ip in (b1["ip"], b2["ip"]):
-        assert ssh("c1", f"ping -c 1 -W 2 {ip}", check=False).returncode == 0, ip
+        p = ssh("c1", f"ping -c 1 -W 2 {ip}", check=False)
+        if p.returncode != 0:
+            routes = ssh("c1", "ip -4 route; podnet pods 2>&1 | head -20", check=False).stdout
+            pytest.fail(f"root on c1 cannot reach {ip}: {p.stderr.strip()}\n{routes}")
 
 
 def test_job_step_sees_only_its_own_interfaces(jobs: dict[str, int]) -> None:
