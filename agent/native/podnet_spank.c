@@ -14,7 +14,11 @@
  *                                    run by slurmd only if the plugin was in
  *                                    its plugstack when slurmd started
  *   job_epilog (root)                job_down (idempotent safety net)
- *   sbatch/salloc/srun               --podnet=yes|no (no only if allowed)
+ *   task_init (task, as the user)    --podnet-image (or the site's image):
+ *                                    the task's program runs in the image
+ *                                    through podnet-image-exec + Apptainer
+ *   sbatch/salloc/srun               --podnet=yes|no (no only if allowed),
+ *                                    --podnet-image=IMAGE|none
  *
  * See docs/roles/spank.md for why each step is where it is (measured on Slurm
  * 24.11). plugstack.conf arguments:
@@ -23,6 +27,11 @@
  *   allow_opt_out=0|1 accept --podnet=no (default 0)
  *   policy=fail|warn  a step that cannot join its pod fails (default) or runs
  *                     on the host network with a warning
+ *   image=PATH|none   the site's image for every step without --podnet-image
+ *                     (default none)
+ *   apptainer=PATH    Apptainer (default /usr/bin/apptainer)
+ *   image_exec=PATH   podnet-image-exec (default
+ *                     /usr/local/lib/podnet/podnet-image-exec)
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -30,6 +39,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <poll.h>
 #include <pwd.h>
 #include <sched.h>
@@ -58,6 +68,9 @@ SPANK_PLUGIN(podnet, 1);
 #ifndef SLURM_BATCH_SCRIPT
 #define SLURM_BATCH_SCRIPT (0xfffffffb)
 #endif
+#ifndef SLURM_INTERACTIVE_STEP
+#define SLURM_INTERACTIVE_STEP (0xfffffffa)
+#endif
 
 enum policy { POLICY_FAIL, POLICY_WARN };
 
@@ -66,7 +79,11 @@ static struct {
 	int timeout_s;
 	int allow_opt_out;
 	enum policy policy;
-} cfg = { PN_DEFAULT_SOCKET, 30, 0, POLICY_FAIL };
+	char image[PATH_MAX];      /* the site's image ("": none) */
+	char apptainer[PATH_MAX];
+	char image_exec[PATH_MAX];
+} cfg = { PN_DEFAULT_SOCKET, 30, 0, POLICY_FAIL, "", "/usr/bin/apptainer",
+	  "/usr/local/lib/podnet/podnet-image-exec" };
 
 /* per-process state (each slurmstepd loads the plugin afresh) */
 static int opt_out;              /* --podnet=no given (and allowed) */
@@ -79,14 +96,25 @@ static int pidns_fd = -1;        /* the pod's PID namespace (none: -1) */
 static int host_pidns_fd = -1;   /* slurmstepd's own, to return to */
 static ino_t pidns_ino;
 static int pid_moved;            /* tasks fork into the pod's PID namespace */
+static char user_image[PATH_MAX]; /* --podnet-image ("none": no image) */
 
 static int opt_cb(int val, const char *optarg, int remote);
+static int image_opt_cb(int val, const char *optarg, int remote);
 
 static struct spank_option podnet_option = {
 	"podnet", "yes|no",
 	"Run the job in its private network pod (yes, the default) or on the "
 	"host network (no; only where the site allows it).",
 	1, 0, opt_cb
+};
+
+static struct spank_option image_option = {
+	"podnet-image", "IMAGE|none",
+	"Run the tasks in a container image inside the job's pod, with "
+	"Apptainer: IMAGE is the absolute path of a SIF file or of an "
+	"unpacked directory on the compute nodes; none: no image, not even "
+	"the site's default.",
+	1, 0, image_opt_cb
 };
 
 /* ---------------------------------------------------------------------- */
@@ -97,6 +125,13 @@ static long long mono_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (long long) ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* an absolute path of at most PATH_MAX - 1 bytes, or "none" */
+static int image_arg_ok(const char *v)
+{
+	return v && (!strcmp(v, "none") ||
+		     (v[0] == '/' && strlen(v) < PATH_MAX));
 }
 
 static int parse_args(int ac, char **av)
@@ -131,6 +166,26 @@ static int parse_args(int ac, char **av)
 				return -1;
 			}
 			cfg.allow_opt_out = (int) v;
+		} else if (!strncmp(a, "image=", 6)) {
+			if (!image_arg_ok(a + 6)) {
+				slurm_error("podnet: plugstack argument '%s': "
+					    "need an absolute path or none", a);
+				return -1;
+			}
+			snprintf(cfg.image, sizeof(cfg.image), "%s",
+				 strcmp(a + 6, "none") ? a + 6 : "");
+		} else if (!strncmp(a, "apptainer=", 10) ||
+			   !strncmp(a, "image_exec=", 11)) {
+			int app = a[0] == 'a';
+			const char *p = strchr(a, '=') + 1;
+
+			if (p[0] != '/' || strlen(p) >= PATH_MAX) {
+				slurm_error("podnet: plugstack argument '%s': "
+					    "need an absolute path", a);
+				return -1;
+			}
+			snprintf(app ? cfg.apptainer : cfg.image_exec,
+				 PATH_MAX, "%s", p);
 		} else if (!strcmp(a, "policy=fail")) {
 			cfg.policy = POLICY_FAIL;
 		} else if (!strcmp(a, "policy=warn")) {
@@ -138,7 +193,8 @@ static int parse_args(int ac, char **av)
 		} else {
 			slurm_error("podnet: unknown plugstack argument '%s' "
 				    "(known: socket= timeout= allow_opt_out= "
-				    "policy=fail|warn)", a);
+				    "policy=fail|warn image= apptainer= "
+				    "image_exec=)", a);
 			return -1;
 		}
 	}
@@ -164,6 +220,20 @@ static int opt_cb(int val, const char *optarg, int remote)
 		return -1;
 	}
 	opt_out = 1;
+	return 0;
+}
+
+static int image_opt_cb(int val, const char *optarg, int remote)
+{
+	(void) val;
+	(void) remote;
+	if (!image_arg_ok(optarg)) {
+		slurm_error("podnet: --podnet-image=%s: give the absolute path of "
+			    "a SIF file or of an image directory on the compute "
+			    "nodes, or none", optarg ? optarg : "");
+		return -1;
+	}
+	snprintf(user_image, sizeof(user_image), "%s", optarg);
 	return 0;
 }
 
@@ -574,8 +644,9 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	if (parse_args(ac, av) < 0)
 		return -1;
-	if (spank_option_register(sp, &podnet_option) != ESPANK_SUCCESS) {
-		slurm_error("podnet: cannot register --podnet");
+	if (spank_option_register(sp, &podnet_option) != ESPANK_SUCCESS ||
+	    spank_option_register(sp, &image_option) != ESPANK_SUCCESS) {
+		slurm_error("podnet: cannot register --podnet/--podnet-image");
 		return -1;
 	}
 	return 0;
@@ -654,6 +725,66 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 			return cfg.policy == POLICY_WARN ? 0 : -1;
 		}
 	}
+	return 0;
+}
+
+/*
+ * In the task, as the user, before Slurm runs the task prologs and execs the
+ * task: with an image, the task's program becomes podnet-image-exec, which
+ * execs `apptainer exec IMAGE PROGRAM ARGS` (podnet_image_exec.c). Slurm
+ * still runs the prologs, sets the limits and execs with the job's
+ * environment: the task process (its pid, cgroup, signals, exit status)
+ * becomes the container's. A missing or unreadable image fails the task
+ * here, with its path and the reason in the job's output. The batch script
+ * and salloc's interactive step run in the pod without the image: they call
+ * srun, which needs the node's Slurm and munge; their srun steps inherit the
+ * option (Slurm passes sbatch's SPANK options on to them).
+ */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	const char *image = user_image[0] ? user_image : cfg.image;
+	uint32_t step_id = 0;
+	struct stat st;
+	char **argv = NULL, *exe;
+	int argc = 0;
+
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE || !image[0] ||
+	    !strcmp(image, "none"))
+		return 0;
+	if (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS ||
+	    step_id == SLURM_BATCH_SCRIPT || step_id == SLURM_INTERACTIVE_STEP ||
+	    step_id == SLURM_EXTERN_CONT)
+		return 0;
+	if (stat(image, &st) < 0 ||
+	    access(image, S_ISDIR(st.st_mode) ? R_OK | X_OK : R_OK) < 0) {
+		slurm_error("podnet: --podnet-image=%s: %s", image,
+			    strerror(errno));
+		return -1;
+	}
+	if (!S_ISDIR(st.st_mode) && !S_ISREG(st.st_mode)) {
+		slurm_error("podnet: --podnet-image=%s: not a SIF file or an "
+			    "image directory", image);
+		return -1;
+	}
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS ||
+	    argc < 1 || !argv || !argv[0]) {
+		slurm_error("podnet: --podnet-image: the task has no program");
+		return -1;
+	}
+	exe = strdup(cfg.image_exec);
+	if (!exe ||
+	    spank_setenv(sp, "PODNET_IMAGE", image, 1) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "PODNET_IMAGE_ARGV0", argv[0], 1) !=
+		    ESPANK_SUCCESS ||
+	    spank_setenv(sp, "PODNET_APPTAINER", cfg.apptainer, 1) !=
+		    ESPANK_SUCCESS) {
+		slurm_error("podnet: --podnet-image: cannot set up the task");
+		free(exe);
+		return -1;
+	}
+	argv[0] = exe; /* this task's copy of the step's argv */
 	return 0;
 }
 

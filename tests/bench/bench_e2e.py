@@ -22,7 +22,13 @@ writes build/bench/e2e.json:
   alternating blocks of BENCH_E2E_PIDNS_BLOCK runs (podnetd on c1 and c2 restarted with
   the other setting between blocks; pods survive restarts).
 
-BENCH_E2E_PARTS (default "launch,throughput,pidns") selects the parts.
+* srun_n2_true_with_image / _apptainer_direct / _no_image ms, image_overhead_vs_apptainer
+  ms: `srun -N2 --podnet-image=SIF true` (podnet's image path: podnet-image-exec, then
+  Apptainer) versus `srun -N2 apptainer exec SIF true` (Apptainer run by the user
+  outside podnet's mechanism, same image, same pod) versus `srun -N2 true`, rotating
+  run by run, BENCH_E2E_IMAGE_RUNS each, medians; the SIF is a few binaries of the node.
+
+BENCH_E2E_PARTS (default "launch,throughput,pidns,image") selects the parts.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 RUNS = int(os.environ.get("BENCH_E2E_RUNS", "50"))
 TPUT_RUNS = int(os.environ.get("BENCH_E2E_TPUT_RUNS", "9"))
 TPUT_SECONDS = int(os.environ.get("BENCH_E2E_TPUT_SECONDS", "5"))
-PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput,pidns").split(","))
+PARTS = set(os.environ.get("BENCH_E2E_PARTS", "launch,throughput,pidns,image").split(","))
+IMAGE_RUNS = int(os.environ.get("BENCH_E2E_IMAGE_RUNS", "30"))
+IMAGE_DIR = "/opt/podnet-bench-image"
 PIDNS_RUNS = int(os.environ.get("BENCH_E2E_PIDNS_RUNS", "30"))
 PIDNS_BLOCK = int(os.environ.get("BENCH_E2E_PIDNS_BLOCK", "10"))
 PODNET_CONF = "/etc/podnet/podnet.yaml"
@@ -275,6 +283,59 @@ def pidns() -> dict[str, tuple[float, str]]:
     }
 
 
+def make_sif() -> str:
+    """A SIF of a few of the node's binaries on c1 and c2 (no registry in the lab)."""
+    sif = f"{IMAGE_DIR}/bench.sif"
+    script = f"""set -e
+d={IMAGE_DIR}/root
+rm -rf {IMAGE_DIR} && mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
+for b in /bin/sh /bin/true; do
+    cp "$b" "$d/bin/"
+    for l in $(ldd "$b" | grep -o '/[^ ]*'); do
+        mkdir -p "$d$(dirname "$l")"; cp -n "$l" "$d$l"
+    done
+done
+apptainer -q build -F {sif} "$d" >/dev/null
+chmod 0755 {IMAGE_DIR} && chmod 0644 {sif}
+"""
+    for node in ("c1", "c2"):
+        ssh(node, script)
+    return sif
+
+
+def image() -> dict[str, tuple[float, str]]:
+    sif = make_sif()
+    modes = {
+        "image": f"srun -N2 -w c1,c2 -t 1 --podnet-image={sif} true",
+        "direct": f"srun -N2 -w c1,c2 -t 1 apptainer -q exec {sif} true",
+        "none": "srun -N2 -w c1,c2 -t 1 true",
+    }
+    body = [
+        '  until [ "$(sinfo -h -n c1,c2 -o %T | sort -u)" = idle ]; do sleep 0.02; done\n'
+        f"  t0=$(date +%s%N); runuser -u alice -- {cmd} || exit 1; t1=$(date +%s%N)\n"
+        f'  echo "{mode} $(( (t1 - t0) / 1000 ))"'
+        for mode, cmd in modes.items()
+    ]
+    lines = "\n".join(body)
+    script = f"cd /tmp\nfor i in $(seq {IMAGE_RUNS}); do\n{lines}\ndone\n"
+    samples: dict[str, list[float]] = {m: [] for m in modes}
+    try:
+        for line in ssh("login", script).splitlines():
+            mode, us = line.split()
+            samples[mode].append(int(us) / 1000.0)
+    finally:
+        for node in ("c1", "c2"):
+            ssh(node, f"rm -rf {IMAGE_DIR}", check=False)
+    med = {m: statistics.median(v) for m, v in samples.items()}
+    print(f"# image: {IMAGE_RUNS} runs per mode", file=sys.stderr)
+    return {
+        "srun_n2_true_with_image": (med["image"], "ms"),
+        "srun_n2_true_apptainer_direct": (med["direct"], "ms"),
+        "srun_n2_true_no_image": (med["none"], "ms"),
+        "image_overhead_vs_apptainer": (med["image"] - med["direct"], "ms"),
+    }
+
+
 def main() -> int:
     if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
         sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
@@ -289,6 +350,8 @@ def main() -> int:
         figures.update(throughput())
     if "pidns" in PARTS:
         figures.update(pidns())
+    if "image" in PARTS:
+        figures.update(image())
     for name, (value, unit) in figures.items():
         print(f"{name} {value:.2f} {unit}" if unit != "ms" else f"{name} {value:.1f} {unit}")
     outdir = REPO / "build" / "bench"

@@ -475,6 +475,7 @@ def test_spank_plugin_builds_from_the_roles_files(tmp_path: Path) -> None:
         "slurm_spank_init",
         "slurm_spank_init_post_opt",
         "slurm_spank_task_init_privileged",
+        "slurm_spank_task_init",
         "slurm_spank_exit",
         "slurm_spank_job_prolog",
         "slurm_spank_job_epilog",
@@ -499,3 +500,61 @@ def test_pam_module_builds_from_the_roles_files(tmp_path: Path) -> None:
     exported = sorted(s for s in syms if s.startswith(("pam_", "pn_", "conf_", "ask_")))
     assert exported == ["pam_sm_acct_mgmt", "pam_sm_close_session", "pam_sm_open_session"]
     assert not _undefined(so) & SHELL_OUTS  # runs in sshd's monitor as root
+
+
+def test_image_exec_runs_apptainer_with_the_tasks_program(tmp_path: Path) -> None:
+    """podnet-image-exec (the task's program with --podnet-image): `apptainer exec`
+    with the PMIx directories bound, the image, then the task's own
+    argv; its private variables gone. A script plays Apptainer and prints what it got."""
+    cc()
+    exe = _role_build(tmp_path, "spank", "podnet-image-exec")
+    fake = tmp_path / "apptainer"
+    fake.write_text(
+        "#!/usr/bin/python3\nimport json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv, 'env': dict(os.environ)}))\n"
+    )
+    fake.chmod(0o755)
+    pmix = tmp_path / "pmix.7.0"
+    pmix.mkdir()
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PODNET_IMAGE": "/images/app.sif",
+        "PODNET_IMAGE_ARGV0": "/tmp/prog",
+        "PODNET_APPTAINER": str(fake),
+        "PMIX_SERVER_TMPDIR": str(pmix),
+        "PMIX_SYSTEM_TMPDIR": str(pmix),  # bound once
+        "SLURM_PMIX_TMPDIR": "/nonexistent",  # not a directory: not bound
+    }
+    res = subprocess.run(
+        [str(exe), "a b", "-c"], env=env, capture_output=True, text=True, check=False
+    )
+    assert res.returncode == 0, res.stderr
+    got = json.loads(res.stdout)
+    assert got["argv"][1:] == [
+        "exec",
+        "--bind",
+        str(pmix),
+        "/images/app.sif",
+        "/tmp/prog",
+        "a b",
+        "-c",
+    ], got["argv"]
+    assert got["env"]["PODNET_IMAGE"] == "/images/app.sif"
+    assert got["env"]["PMIX_SERVER_TMPDIR"] == str(pmix)
+    for gone in ("PODNET_IMAGE_ARGV0", "PODNET_APPTAINER"):
+        assert gone not in got["env"], gone
+    # Apptainer missing: the step's output says which image and why
+    res = subprocess.run(
+        [str(exe), "x"],
+        env={**env, "PODNET_APPTAINER": "/nonexistent/apptainer"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert res.returncode == 127
+    assert "--podnet-image=/images/app.sif: cannot run /nonexistent/apptainer" in res.stderr
+    # run by anything but the plugin: a clear error
+    bad = subprocess.run(
+        [str(exe), "x"], env={"PATH": "/usr/bin"}, capture_output=True, text=True, check=False
+    )
+    assert bad.returncode == 127 and "run by the podnet SPANK plugin only" in bad.stderr
