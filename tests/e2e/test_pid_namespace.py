@@ -151,3 +151,66 @@ def test_ssh_into_a_compute_node_lands_in_a_jobs_pid_namespace(two_jobs: dict[st
     assert ("sleep 600" in args) != ("sleep 601" in args), out
     assert "sleep 602" not in args, out
     assert not any(a.startswith(("/usr/sbin/sshd", "sshd:")) and "[priv]" in a for a in args), out
+
+
+def test_srun_pty_gets_a_terminal_in_the_pod(two_jobs: dict[str, int]) -> None:
+    """`srun --pty` (script(1) gives srun the terminal a user would have)."""
+    job = two_jobs["a1"]
+    inner = (
+        "srun --jobid={} --overlap -N1 -n1 -w c1 --pty sh -c 'tty; ps -e -o pid=,comm= | head -1'"
+    )
+    out = ssh(
+        "login",
+        f'cd /tmp && runuser -u alice -- script -qec "{inner.format(job)}" /dev/null',
+        timeout=120,
+    ).stdout
+    assert re.search(r"^/dev/pts/\d+\s*$", out, re.M), out
+    assert re.search(r"\s1 podnet-init\s*$", out, re.M), out
+
+
+def test_ctrl_c_twice_ends_the_step_and_its_processes(two_jobs: dict[str, int]) -> None:
+    """Two SIGINTs within a second to srun (Ctrl-C twice) end the step: no task
+    process is left in the pod."""
+    job = two_jobs["a1"]
+    script = (
+        f"srun --jobid={job} --overlap -N1 -n1 -w c1 sh -c "
+        "'echo ready; exec sleep 4545' >/tmp/pid-int.out 2>&1 & p=$!\n"
+        "until grep -q ready /tmp/pid-int.out 2>/dev/null; do sleep 0.2; done\n"
+        "kill -INT $p; sleep 0.3; kill -INT $p; wait $p; echo srun-rc=$?\n"
+    )
+    b64 = base64.b64encode(script.encode()).decode()
+    out = ssh(
+        "login",
+        f"cd /tmp && echo {b64} | base64 -d >/tmp/pid-int.sh && "
+        "timeout 120 runuser -u alice -- sh /tmp/pid-int.sh",
+        timeout=150,
+    ).stdout
+    rc = int(out.split("srun-rc=")[1].split()[0])
+    assert rc != 0, out
+    wait_for(lambda: ssh("c1", "pgrep -f 'sleep 4545'", check=False).returncode == 1, 60)
+
+
+def test_sstat_shows_the_memory_of_a_step_in_the_pod(two_jobs: dict[str, int]) -> None:
+    """Accounting (jobacct_gather/linux) sees the tasks forked into the pod."""
+    job = two_jobs["a1"]
+    prog = "import time; b = bytearray(96 << 20); print('ready', flush=True); time.sleep(90)"
+    script = (
+        f'srun --jobid={job} --overlap -N1 -n1 -w c1 -J pidmem python3 -c "{prog}" '
+        ">/tmp/pid-mem.out 2>&1 &\n"
+        "until grep -q ready /tmp/pid-mem.out 2>/dev/null; do sleep 0.2; done\n"
+        f"s=$(squeue -h -s -j {job} -o '%i %j' | awk '$2 == \"pidmem\" {{print $1}}')\n"
+        "echo step=$s\n"
+        "sstat -n -P -j $s -o MaxRSS\n"
+        "scancel $s\n"
+    )
+    b64 = base64.b64encode(script.encode()).decode()
+    out = ssh(
+        "login",
+        f"cd /tmp && echo {b64} | base64 -d >/tmp/pid-mem.sh && "
+        "timeout 120 runuser -u alice -- sh /tmp/pid-mem.sh",
+        timeout=150,
+    ).stdout
+    m = re.search(r"^(\d+)([KMG])\s*$", out, re.M)
+    assert m, out
+    kib = int(m.group(1)) * {"K": 1, "M": 1024, "G": 1024 * 1024}[m.group(2)]
+    assert kib >= 96 * 1024, out
