@@ -6,7 +6,9 @@
 #
 # Env: LAB_NAME (pnlab), LAB_NODES ("ctl login c1 c2"), LAB_SUBNET (198.51.100.0/26),
 #      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev),
-#      LAB_NSPAWN_ARGS (extra systemd-nspawn options for nodes booted by this up).
+#      LAB_NSPAWN_ARGS (extra systemd-nspawn options for nodes booted by this up),
+#      LAB_GATEWAYS (0; 1 adds gw1 gw2 ext and the external network LAB_EXT_SUBNET,
+#      default 203.0.113.192/27, on a second bridge <LAB_NAME>bx0: docs/lab.md).
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -14,8 +16,14 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
+# Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
+# external bridge, and ext, a host outside the cluster on that bridge only.
+LAB_GATEWAYS=${LAB_GATEWAYS:-0}
+LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
+GW_NODES="gw1 gw2"
+EXT_NODE=ext
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
 LAB_ETCD_NODES=${LAB_ETCD_NODES-__ctl__}  # default: the ctl node (see ctl_node), if any
 LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
@@ -25,6 +33,7 @@ STATE_ROOT=/var/lib/podnet-lab
 STATE=$STATE_ROOT/$LAB_NAME
 LOCK_DIR=/run/lock
 BR=${LAB_NAME}br0
+BX=${LAB_NAME}bx0    # the external network of the gateway lab (LAB_GATEWAYS=1)
 NFT_TABLE=${LAB_NAME}_host
 SSH_KEY=$STATE/ssh/id_ed25519
 LAB_USERS="alice:2001 bob:2002 carol:2003 labadmin:2100"
@@ -56,6 +65,8 @@ require_tools() {
 }
 validate() {
     [ "$LAB_ETCD_NODES" != __ctl__ ] || LAB_ETCD_NODES=$(ctl_node)
+    [[ $LAB_GATEWAYS =~ ^[01]$ ]] || die "LAB_GATEWAYS must be 0 or 1, got '$LAB_GATEWAYS'"
+    add_gateway_nodes
     [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,11}$ ]] \
         || die "LAB_NAME '$LAB_NAME': use 1-12 of [a-z0-9], starting with a letter (bridge ${LAB_NAME}br0 must fit 15 chars)"
     local n seen=" "
@@ -69,6 +80,47 @@ validate() {
         [[ $seen == *" $n "* ]] || die "LAB_ETCD_NODES: '$n' is not in LAB_NODES ($LAB_NODES)"
     done
     parse_subnet "$LAB_SUBNET"
+    parse_ext_subnet
+}
+add_gateway_nodes() {   # LAB_GATEWAYS=1: gw1 gw2 ext join LAB_NODES (once)
+    local n
+    [ "$LAB_GATEWAYS" = 1 ] || return 0
+    for n in $GW_NODES $EXT_NODE; do
+        [[ " $LAB_NODES " == *" $n "* ]] || LAB_NODES+=" $n"
+    done
+}
+is_gw() { [ "$LAB_GATEWAYS" = 1 ] && [[ " $GW_NODES " == *" $1 "* ]]; }
+is_ext() { [ "$LAB_GATEWAYS" = 1 ] && [ "$1" = "$EXT_NODE" ]; }
+cluster_nodes() {   # LAB_NODES without ext (ext is in no inventory group: outside the cluster)
+    local n
+    for n in $LAB_NODES; do is_ext "$n" || printf '%s ' "$n"; done
+}
+# The external network: host .1, the gateways' virtual address .2 (keepalived), gw1 .10,
+# gw2 .11, ext .20. Cluster side: the gateways' virtual address is .5 of LAB_SUBNET.
+parse_ext_subnet() {
+    [ "$LAB_GATEWAYS" = 1 ] || return 0
+    [[ $LAB_EXT_SUBNET =~ ^([0-9]{1,3}\.){3}[0-9]{1,3}/([0-9]{1,2})$ ]] \
+        || die "LAB_EXT_SUBNET '$LAB_EXT_SUBNET' is not a.b.c.d/len"
+    EXT_PREFIX=${LAB_EXT_SUBNET#*/}
+    (( EXT_PREFIX >= 16 && EXT_PREFIX <= 27 )) || die "LAB_EXT_SUBNET prefix /$EXT_PREFIX: use /16 to /27"
+    local mask=$(( (0xffffffff << (32 - EXT_PREFIX)) & 0xffffffff ))
+    EXT_NET=$(( $(ip2int "${LAB_EXT_SUBNET%/*}") & mask ))
+    [ "$(int2ip "$EXT_NET")/$EXT_PREFIX" = "$LAB_EXT_SUBNET" ] \
+        || die "LAB_EXT_SUBNET '$LAB_EXT_SUBNET' has host bits set"
+    EXT_HOST_IP=$(int2ip $((EXT_NET + 1)))
+}
+ext_ip() {   # ext_ip NODE -> its address on the external network (gw1, gw2, ext)
+    case $1 in
+        gw1) int2ip $((EXT_NET + 10)) ;;
+        gw2) int2ip $((EXT_NET + 11)) ;;
+        "$EXT_NODE") int2ip $((EXT_NET + 20)) ;;
+        *) return 1 ;;
+    esac
+}
+ext_vip() { int2ip $((EXT_NET + 2)); }
+int_vip() { int2ip $((NET + 5)); }
+ext_port() {   # host end of a gateway's ext0 veth (unique per lab and node, <= 15 chars)
+    printf 'px%s' "$(printf '%s-%s' "$LAB_NAME" "$1" | sha256sum | cut -c1-11)"
 }
 
 # --- addresses ---------------------------------------------------------------
@@ -87,8 +139,9 @@ parse_subnet() {
     count=$(wc -w <<<"$LAB_NODES")
     (( NET + 10 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
 }
-node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...)
+node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...); ext: external
     local n i=0
+    if is_ext "$1"; then ext_ip "$1"; return; fi
     for n in $LAB_NODES; do
         [ "$n" = "$1" ] && { int2ip $((NET + 10 + i)); return; }
         i=$((i + 1))
@@ -97,15 +150,16 @@ node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...)
 }
 # Refuse a subnet that overlaps an address on any interface but our bridge
 # (another lab, or the host's own networks).
-check_subnet_free() {
+check_subnet_free() {   # check_subnet_free [BRIDGE NET PREFIX NAME]
+    local br=${1:-$BR} net=${2:-$NET} prefix=${3:-$PREFIX} what=${4:-LAB_SUBNET $LAB_SUBNET}
     local dev cidr a p m
     while read -r _ dev _ cidr _; do
-        [ "$dev" = "$BR" ] && continue
+        [ "$dev" = "$br" ] && continue
         a=$(ip2int "${cidr%/*}"); p=${cidr#*/}
-        (( p < PREFIX )) && m=$p || m=$PREFIX
+        (( p < prefix )) && m=$p || m=$prefix
         m=$(( (0xffffffff << (32 - m)) & 0xffffffff ))
-        if (( (a & m) == (NET & m) )); then
-            die "LAB_SUBNET $LAB_SUBNET overlaps $cidr on $dev (another lab? pick another /26 of 198.51.100.0/24)"
+        if (( (a & m) == (net & m) )); then
+            die "$what overlaps $cidr on $dev (another lab? pick another range)"
         fi
     done < <(ip -4 -o addr show)
 }
@@ -118,6 +172,7 @@ load_saved() {
     fi
     [ "$LAB_ETCD_NODES" != __ctl__ ] || LAB_ETCD_NODES=$(ctl_node)
     parse_subnet "$LAB_SUBNET"
+    parse_ext_subnet
 }
 saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     (
@@ -127,8 +182,9 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\n' \
-        "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" >"$STATE/lab.env.tmp"
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\n' \
+        "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
@@ -182,6 +238,15 @@ net_up() {
     fi
     ip addr replace "$HOST_IP/$PREFIX" dev "$BR"
     ip link set dev "$BR" up
+    if [ "$LAB_GATEWAYS" = 1 ]; then
+        if ! ip link show dev "$BX" >/dev/null 2>&1; then
+            check_subnet_free "$BX" "$EXT_NET" "$EXT_PREFIX" "LAB_EXT_SUBNET $LAB_EXT_SUBNET"
+            ip link add "$BX" address "$(printf '%s-ext' "$LAB_NAME" | sha256sum |
+                sed -E 's/^(..)(..)(..)(..)(..).*/02:\1:\2:\3:\4:\5/')" type bridge
+        fi
+        ip addr replace "$EXT_HOST_IP/$EXT_PREFIX" dev "$BX"
+        ip link set dev "$BX" up
+    fi
     nft_ruleset | nft -f -
 }
 # One atomic transaction: create-or-replace the lab's table. Bridged frames
@@ -198,6 +263,9 @@ table inet $NFT_TABLE {
         iifname "$BR" oifname "$BR" counter accept comment "lab bridge-internal traffic"
         iifname "$BR" counter drop comment "never forward out of the lab"
         oifname "$BR" counter drop comment "never forward into the lab"
+        iifname "$BX" oifname "$BX" counter accept comment "external bridge-internal traffic"
+        iifname "$BX" counter drop comment "never forward out of the external network"
+        oifname "$BX" counter drop comment "never forward into the external network"
     }
 }
 EOF
@@ -257,21 +325,41 @@ write_node_files() {   # write_node_files NODE IP ROOT (the merged tree)
     printf '%s\n' "$node" >"$root/etc/hostname"
     {
         printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n'
-        printf '%s\t%s-host\n' "$HOST_IP" "$LAB_NAME"
-        for n in $LAB_NODES; do printf '%s\t%s\n' "$(node_ip "$n")" "$n"; done
+        if is_ext "$node"; then   # outside the cluster: knows itself and the gateways only
+            printf '%s\t%s\n' "$ip" "$node"
+            printf '%s\tgateway\n' "$(ext_vip)"
+        else
+            printf '%s\t%s-host\n' "$HOST_IP" "$LAB_NAME"
+            for n in $(cluster_nodes); do printf '%s\t%s\n' "$(node_ip "$n")" "$n"; done
+        fi
     } >"$root/etc/hosts"
     mkdir -p "$root/etc/systemd/network"
+    local prefix=$PREFIX
+    is_ext "$node" && prefix=$EXT_PREFIX
     cat >"$root/etc/systemd/network/10-podnet-lab-host0.network" <<EOF
 # podnet lab ($LAB_NAME): static underlay address, no default route (no internet)
 [Match]
 Name=host0
 
 [Network]
-Address=$ip/$PREFIX
+Address=$ip/$prefix
 DHCP=no
 LinkLocalAddressing=no
 IPv6AcceptRA=no
 EOF
+    if is_gw "$node"; then
+        cat >"$root/etc/systemd/network/10-podnet-lab-ext0.network" <<EOF
+# podnet lab ($LAB_NAME): the gateway's leg on the external network, no default route
+[Match]
+Name=ext0
+
+[Network]
+Address=$(ext_ip "$node")/$EXT_PREFIX
+DHCP=no
+LinkLocalAddressing=no
+IPv6AcceptRA=no
+EOF
+    fi
     if [ ! -s "$root/etc/machine-id" ]; then
         od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$root/etc/machine-id"
         echo >>"$root/etc/machine-id"
@@ -323,14 +411,29 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
     is_mounted "$root" || mount -t overlay "$LAB_NAME-$node" \
         -o "lowerdir=$BASE/rootfs,upperdir=$nd/upper,workdir=$nd/work" "$root"
     write_node_files "$node" "$ip" "$root"
-    local extra=()
+    local extra=() net=(--network-bridge="$BR") xport=""
     read -r -a extra <<<"$LAB_NSPAWN_ARGS"
+    if is_ext "$node"; then
+        net=(--network-bridge="$BX")
+    elif is_gw "$node"; then   # a second veth, ext0 inside; its host end joins $BX below
+        xport=$(ext_port "$node")
+        net+=(--network-veth-extra="$xport:ext0")
+    fi
     setsid systemd-nspawn --quiet --boot --register=no --keep-unit --console=passive \
         --link-journal=no --resolv-conf=off --timezone=off "${extra[@]}" \
-        --network-bridge="$BR" -M "$LAB_NAME-$node" -D "$root" \
+        "${net[@]}" -M "$LAB_NAME-$node" -D "$root" \
         </dev/null >"$nd/console.log" 2>&1 8>&- &
     pid=$!
     echo "$pid" >"$nd/pid"
+    if [ -n "$xport" ]; then
+        local i
+        for i in $(seq 100); do
+            ip link show dev "$xport" >/dev/null 2>&1 && break
+            sleep 0.1
+        done
+        ip link set dev "$xport" master "$BX" up \
+            || die "$node: host end $xport of ext0 did not appear (log $nd/console.log)"
+    fi
     if ! wait_ssh "$ip" 90 "$pid"; then
         tail -n 20 "$nd/console.log" >&2 || true
         kill -0 "$pid" 2>/dev/null || die "$node ($ip): systemd-nspawn exited (log $nd/console.log, above)"
@@ -369,8 +472,13 @@ write_inventory() {
         echo "        ansible_python_interpreter: /usr/bin/python3"
         echo "        podnet_lab_name: $LAB_NAME"
         echo "        podnet_pki_dir: $STATE/pki"
+        if [ "$LAB_GATEWAYS" = 1 ]; then
+            echo "        podnet_lab_gateway_internal_vip: $(int_vip)"
+            echo "        podnet_lab_gateway_external_vip: $(ext_vip)/$EXT_PREFIX"
+            echo "        podnet_lab_gateway_external_host: $(ext_ip "$EXT_NODE")"
+        fi
         echo "      hosts:"
-        for n in $LAB_NODES; do
+        for n in $(cluster_nodes); do
             echo "        $n:"
             echo "          ansible_host: $(node_ip "$n")"
             echo "          podnet_underlay_ip: $(node_ip "$n")"
@@ -379,7 +487,8 @@ write_inventory() {
         for group in etcd dns gateway slurmctld login compute; do
             case $group in
                 etcd) members=$LAB_ETCD_NODES ;;
-                dns | gateway | slurmctld) members=$first_ctl ;;
+                dns | slurmctld) members=$first_ctl ;;
+                gateway) members=""; [ "$LAB_GATEWAYS" = 1 ] && members=$GW_NODES ;;
                 login) members=$(nodes_like 'login*') ;;
                 compute) members=$(nodes_like 'c*' 'ctl*') ;;
             esac
@@ -430,6 +539,10 @@ cmd_up() {
         [[ $explicit == *" LAB_SUBNET "* ]] || LAB_SUBNET=$saved_subnet
         [[ $explicit == *" LAB_NODES "* ]] || LAB_NODES=$(saved_var LAB_NODES)
         [[ $explicit == *" LAB_ETCD_NODES "* ]] || LAB_ETCD_NODES=$(saved_var LAB_ETCD_NODES)
+        [[ $explicit == *" LAB_GATEWAYS "* ]] || LAB_GATEWAYS=$(saved_var LAB_GATEWAYS)
+        [[ $explicit == *" LAB_EXT_SUBNET "* ]] || LAB_EXT_SUBNET=$(saved_var LAB_EXT_SUBNET)
+        LAB_GATEWAYS=${LAB_GATEWAYS:-0}
+        LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
         validate
@@ -501,6 +614,7 @@ cmd_down() {
         done
     fi
     if ip link show dev "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
+    if ip link show dev "$BX" >/dev/null 2>&1; then ip link del "$BX"; fi
     if nft list table inet "$NFT_TABLE" >/dev/null 2>&1; then nft delete table inet "$NFT_TABLE"; fi
     if [ -f "$STATE/lab.env" ]; then
         LAB_INVENTORY=$(saved_var LAB_INVENTORY)
