@@ -33,6 +33,7 @@ from podnet import __version__
 from podnet.alloc import Allocator, AllocError
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.dataplane import Dataplane
+from podnet.egress import set_egress_route
 from podnet.etcd_sync import EtcdSync
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
@@ -363,7 +364,19 @@ class _Rooms:
             cc.underlay_mtu,
             PidNamespaces(cfg.pidns_dir, cfg.pid_init),
         )
-        fw = Firewall(cc.pod_cidr, cc.vxlan_port, cc.host_cidrs, cfg.host_uids)
+        gateway_node = "gateway" in cfg.roles
+        fw = Firewall(
+            cc.pod_cidr,
+            cc.vxlan_port,
+            cc.host_cidrs,
+            cfg.host_uids,
+            cc.egress_gateway,
+            cfg.underlay_interface,
+            gateway_node,
+        )
+        set_egress_route(
+            str(cc.pod_cidr), "" if gateway_node else cc.egress_gateway, cfg.underlay_interface
+        )
         nets = UserNetworks(
             etcd, keys, alloc, dp, agent.pods, cfg.node, cfg.underlay_ip, cfg.user_net_linger
         )

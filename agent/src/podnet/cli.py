@@ -47,6 +47,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0 if etcd.get("ok") else 1
 
 
+def _target(text: str) -> tuple[str, int]:
+    """`<job>[/pod<n>]` -> (job, n): a job id or one of your job names."""
+    job, _, pod = text.partition("/")
+    if not pod:
+        return job, 0
+    if not pod.startswith("pod") or not pod[3:].isdigit():
+        raise SystemExit(f"podnet: {text!r}: expected <job>[/pod<n>]")
+    return job, int(pod[3:])
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    job, pod = _target(args.target)
+    rec = call("publish", args.socket, job=job, pod=pod, port=args.port)["published"]
+    _print(rec, args.json, rec["address"])
+    return 0
+
+
+def cmd_unpublish(args: argparse.Namespace) -> int:
+    job, pod = _target(args.target)
+    n = call("unpublish", args.socket, job=job, pod=pod, port=args.port)["removed"]
+    _print({"removed": n}, args.json, f"unpublished ({n})" if n else "was not published")
+    return 0
+
+
+def cmd_published(args: argparse.Namespace) -> int:
+    recs = call("published", args.socket)["published"]
+    lines = [f"{'ADDRESS':22} {'USER':10} {'JOB':>8} {'POD':>4}  TARGET"]
+    for r in recs:
+        target = f"{r['ip']}:{r['port']}"
+        lines.append(f"{r['address']:22} {r['user']:10} {r['job_id']:>8} {r['pod']:>4}  {target}")
+    _print(recs, args.json, "\n".join(lines))
+    return 0
+
+
 def _check(name: str, ok: bool, detail: str) -> dict[str, Any]:
     return {"check": name, "ok": ok, "detail": detail}
 
@@ -156,12 +190,28 @@ def main(argv: list[str] | None = None) -> int:
         parents=[common],
         help="health checks (etcd, kernel, socket, FDB drift, host addresses)",
     )
+    for verb, what in (("publish", "publish"), ("unpublish", "stop publishing")):
+        p = sub.add_parser(
+            verb,
+            parents=[common],
+            help=f"{what} a TCP port of one of your pods on the gateway's external address",
+        )
+        p.add_argument("target", help="<job>[/pod<n>]: a job id or name, pod index (0)")
+        p.add_argument("port", type=int, help="TCP port in the pod")
+    sub.add_parser("published", parents=[common], help="my published ports (root: all)")
     args = ap.parse_args(argv)
     for key, default in (("socket", DEFAULT_SOCKET), ("config", DEFAULT_CONFIG), ("json", False)):
         if not hasattr(args, key):
             setattr(args, key, default)
     try:
-        return {"pods": cmd_pods, "status": cmd_status, "doctor": cmd_doctor}[args.cmd](args)
+        return {
+            "pods": cmd_pods,
+            "status": cmd_status,
+            "doctor": cmd_doctor,
+            "publish": cmd_publish,
+            "unpublish": cmd_unpublish,
+            "published": cmd_published,
+        }[args.cmd](args)
     except ApiError as e:
         print(f"podnet: {e}", file=sys.stderr)
         return 1

@@ -261,6 +261,9 @@ class ClusterConfig:
     login_grace: float = 30.0
     failure_policy: str = "fail"
     failure_retry_seconds: float = 30.0
+    #: the gateways' virtual address on the cluster network: pods' traffic to anything
+    #: outside the cluster goes there (docs/gateway.md); "" = no gateway, no way out
+    egress_gateway: str = ""
 
     @property
     def pod_mtu(self) -> int:
@@ -310,6 +313,10 @@ class ClusterConfig:
             c.gateway_ip = _ipv4(d["gateway_ip"], "gateway_ip", where)
             if ipaddress.IPv4Address(c.gateway_ip) in cidr:
                 raise ConfigError(f"{where}: 'gateway_ip' must not be inside pod_cidr")
+        if d.get("egress_gateway"):
+            c.egress_gateway = _ipv4(d["egress_gateway"], "egress_gateway", where)
+            if ipaddress.IPv4Address(c.egress_gateway) in cidr:
+                raise ConfigError(f"{where}: 'egress_gateway' must not be inside pod_cidr")
         if "login_lease_ttl" in d:
             c.login_lease_ttl = _int(d["login_lease_ttl"], "login_lease_ttl", where, 5, 86400)
         if "login_grace" in d:

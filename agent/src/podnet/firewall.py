@@ -54,8 +54,18 @@ def ruleset(
     vteps: list[str],
     ports: list[tuple[str, str, str]],
     host_uids: list[int] | None = None,
+    egress_gateway: str = "",
+    underlay_interface: str = "",
+    gateway_node: bool = False,
 ) -> str:
-    """The whole podnet ruleset (nft syntax) for an atomic replace."""
+    """The whole podnet ruleset (nft syntax) for an atomic replace.
+
+    `egress_gateway` (the gateways' virtual address): pods' traffic routed to it may
+    leave (the gateway polices it), replies come back, and connections to published
+    ports come in from the underlay (`underlay_interface`) with outside sources.
+    `gateway_node`: this node is a gateway; its own table (`inet podnet_gw`) polices
+    pods <-> outside, this one keeps only the pod <-> pod and VXLAN drops.
+    """
 
     def elems(items: list[str]) -> str:
         return f"elements = {{ {', '.join(items)} }}" if items else ""
@@ -64,6 +74,7 @@ def ruleset(
     uids = elems([str(u) for u in sorted(set(host_uids if host_uids is not None else [0]))])
 
     port_elems = elems([f'"{p}" . {m} . {i}' for p, m, i in ports])
+    egress = _egress(pod_cidr, egress_gateway, underlay_interface, gateway_node)
     return f"""
 add table bridge podnet
 delete table bridge podnet
@@ -132,7 +143,7 @@ table inet podnet {{
         ip saddr {pod_cidr} ip daddr {pod_cidr} drop
         ip saddr {pod_cidr} udp dport @vxlan_ports drop
         ip saddr {pod_cidr} ip daddr @hosts accept
-        ip saddr @hosts ip daddr {pod_cidr} accept
+        ip saddr @hosts ip daddr {pod_cidr} accept{egress}
         ip saddr {pod_cidr} drop
         ip daddr {pod_cidr} drop
         iifname "pnbr*" drop
@@ -142,6 +153,23 @@ table inet podnet {{
 """
 
 
+def _egress(pod_cidr: str, gateway: str, underlay: str, gateway_node: bool) -> str:
+    if gateway_node:
+        return '\n        accept comment "gateway: table inet podnet_gw polices pods <-> outside"'
+    if not gateway:
+        return ""
+    lines = [
+        f'ip saddr {pod_cidr} rt ip nexthop {gateway} accept comment "egress: to the gateway"',
+        f"ip daddr {pod_cidr} ct state established,related accept",
+    ]
+    if underlay:
+        lines.append(
+            f'iifname "{underlay}" ip daddr {pod_cidr} ip saddr != @hosts accept '
+            'comment "published ports: outside sources come only through the gateway"'
+        )
+    return "".join(f"\n        {x}" for x in lines)
+
+
 class Firewall:
     def __init__(
         self,
@@ -149,6 +177,9 @@ class Firewall:
         vxlan_port: int,
         allowed: list[ipaddress.IPv4Network],
         host_uids: list[int] | None = None,
+        egress_gateway: str = "",
+        underlay_interface: str = "",
+        gateway_node: bool = False,
     ) -> None:
         if nftables is None:
             raise FirewallError("python3-nftables (libnftables) is not installed")
@@ -159,6 +190,9 @@ class Firewall:
         self.vxlan_port = vxlan_port
         self.allowed = [str(n) for n in allowed]
         self.host_uids = list(host_uids) if host_uids is not None else [0]
+        self.egress_gateway = egress_gateway
+        self.underlay_interface = underlay_interface
+        self.gateway_node = gateway_node
 
     def _cmd(self, text: str) -> None:
         with self.lock:
@@ -181,6 +215,9 @@ class Firewall:
                 sorted(set(vteps)),
                 ports,
                 self.host_uids,
+                self.egress_gateway,
+                self.underlay_interface,
+                self.gateway_node,
             )
         )
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from podnet import publish
 from podnet.agent import Agent, PodnetError
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
@@ -101,6 +102,9 @@ class Handler:
             "join": self.join,
             "pods": self.pods,
             "status": self.status,
+            "publish": self.publish,
+            "unpublish": self.unpublish,
+            "published": self.published,
         }
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -209,6 +213,44 @@ class Handler:
     def status(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         del peer, req
         return self.agent.status()
+
+    # -- published ports (podnet publish; docs/gateway.md) -------------------------------
+    @staticmethod
+    def _pub_args(req: dict[str, Any]) -> tuple[str, int, int]:
+        job = _name(req, "job", 64)
+        pod = _opt_int(req, "pod", 0, 100000) or 0
+        port = _int(req, "port", 1, 65535)
+        return job, pod, port
+
+    def publish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        job, pod, port = self._pub_args(req)
+        a = self.agent
+        try:
+            rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
+        except publish.PublishError as e:
+            raise PodnetError(e.code, e.message) from None
+        return {"published": rec}
+
+    def unpublish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        job, pod, port = self._pub_args(req)
+        a = self.agent
+        try:
+            n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
+        except publish.PublishError as e:
+            raise PodnetError(e.code, e.message) from None
+        return {"removed": n}
+
+    def published(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        del req
+        a = self.agent
+        try:
+            ext_ip = publish.gateway_config(a.etcd, a.keys)[0]
+        except publish.PublishError:
+            ext_ip = ""
+        recs = publish.list_published(a.etcd, a.keys, None if peer.root else peer.uid)
+        for r in recs:
+            r["address"] = f"{ext_ip}:{r['external_port']}"
+        return {"published": recs}
 
 
 def _err(code: str, message: str) -> dict[str, Any]:

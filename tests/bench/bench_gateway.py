@@ -1,0 +1,282 @@
+"""Gateway benchmark (issue 11; `make bench-gateway`). Prints `NAME VALUE UNIT` lines.
+
+* policy_apply_ms_users1000 ms: 1000 users x 10 egress rules and 1000 pods, one user's
+  rules changed: from the etcd records to the kernel table updated (policies parsed,
+  only the changed one again; compiled; the difference to the table as one atomic nft
+  transaction through libnftables), in a throwaway network namespace of this host,
+  median of BENCH_GW_POLICY_RUNS (needs root, no lab);
+* with a lab with gateways (PODNET_E2E_LAB, LAB_GATEWAYS=1) also:
+  - gateway_egress_throughput_pod_gbps / _host_gbps, gateway_egress_throughput_ratio:
+    iperf3 (one stream, BENCH_GW_TPUT_SECONDS) from alice's pod on c1 to ext through
+    the active gateway versus from the active gateway itself to ext, alternating,
+    BENCH_GW_TPUT_RUNS runs each, medians;
+  - gateway_failover_ms: the active gateway loses both links (a dead gateway, as seen
+    by the network), time until a new TCP connection from the pod to ext succeeds,
+    median of BENCH_GW_FAILOVER_RUNS (the links come back between runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "agent" / "src"))
+
+from podnet.gateway import Raw, build_state, ruleset, update  # noqa: E402
+
+LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
+POLICY_RUNS = int(os.environ.get("BENCH_GW_POLICY_RUNS", "11"))
+TPUT_RUNS = int(os.environ.get("BENCH_GW_TPUT_RUNS", "5"))
+TPUT_SECONDS = int(os.environ.get("BENCH_GW_TPUT_SECONDS", "3"))
+FAILOVER_RUNS = int(os.environ.get("BENCH_GW_FAILOVER_RUNS", "10"))
+
+
+def out(name: str, value: float, unit: str) -> None:
+    print(f"{name} {value:.3f} {unit}", flush=True)
+
+
+# -- policy apply (no lab) ----------------------------------------------------------------
+def _raw(users: int, rules: int, changed: int) -> Raw:
+    raw = Raw()
+    for u in range(users):
+        name = f"u{u}"
+        raw.user_vni[name] = 4096 + u
+        raw.ips[f"198.{18 + u // 65536}.{(u // 256) % 256}.{u % 256}"] = {
+            "job_id": u + 1,
+            "node": "c1",
+            "vni": 4096 + u,
+        }
+        raw.user_pol[name] = json.dumps(
+            {
+                "egress": [
+                    {
+                        "action": "allow",
+                        "cidr": f"10.{r}.{u % 256}.0/24",
+                        "proto": "tcp",
+                        "ports": str(1000 + r + (changed if u == 0 else 0)),
+                    }
+                    for r in range(rules)
+                ]
+            }
+        )
+    raw.global_pol = {"default": "deny", "egress": [{"action": "allow", "proto": "icmp"}]}
+    return raw
+
+
+def policy_apply_child() -> None:
+    """Runs inside `unshare --net`: apply the table once, then time rule changes."""
+    import nftables  # noqa: PLC0415
+
+    nft = nftables.Nftables()
+
+    def nft_cmd(text: str) -> None:
+        rc, _o, err = nft.cmd(text)
+        if rc != 0:
+            raise SystemExit(f"nft: {err}")
+
+    cur, _stale = build_state(_raw(1000, 10, 0))
+    nft_cmd(ruleset("198.18.0.0/15", "ext0", "203.0.113.194", cur))
+    times = []
+    for i in range(POLICY_RUNS):
+        raw = _raw(1000, 10, i + 1)  # the etcd records after a change of one user's rules
+        t0 = time.perf_counter()
+        st, _stale = build_state(raw)
+        cmd = update(cur, st)
+        assert cmd is not None
+        nft_cmd(cmd)
+        times.append((time.perf_counter() - t0) * 1000)
+        cur = st
+    rc, o, _e = nft.cmd("list set inet podnet_gw u4096_allow")
+    assert rc == 0 and "1011" in o, o
+    rc, o, _e = nft.cmd("list map inet podnet_gw user_chain")
+    assert rc == 0 and o.count("jump") == 1000, "not 1000 users"
+    print(json.dumps({"median": statistics.median(times), "max": max(times)}))
+
+
+def bench_policy_apply() -> None:
+    if os.geteuid() != 0:
+        print("# policy_apply_ms_users1000: needs root (a network namespace)", file=sys.stderr)
+        return
+    r = subprocess.run(
+        ["unshare", "--net", sys.executable, __file__, "--policy-child"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO / "agent" / "src")},
+    )
+    d = json.loads(r.stdout.strip().splitlines()[-1])
+    out("policy_apply_ms_users1000", d["median"], "ms")
+
+
+# -- lab parts ------------------------------------------------------------------------------
+def ssh(target: str, cmd: str, check: bool = True, timeout: float = 120) -> str:
+    r = subprocess.run(
+        [str(REPO / "tests/lab/lab.sh"), "ssh", target, cmd],
+        env={**os.environ, "LAB_NAME": LAB},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    if check and r.returncode != 0:
+        raise SystemExit(f"{target}: {cmd!r}: {r.stderr}")
+    return r.stdout
+
+
+def _lab_env() -> dict[str, str]:
+    f = Path(f"/var/lib/podnet-lab/{LAB}/lab.env")
+    env: dict[str, str] = {}
+    if f.exists():
+        for line in f.read_text().splitlines():
+            k, _, v = line.partition("=")
+            env[k] = v.strip("'\"")
+    return env
+
+
+def _addresses() -> tuple[str, str]:
+    import yaml  # noqa: PLC0415
+
+    inv = ssh_inventory()
+    v = yaml.safe_load(Path(inv).read_text())["all"]["children"]["lab"]["vars"]
+    return str(v["podnet_lab_gateway_external_vip"]).split("/")[0], str(
+        v["podnet_lab_gateway_external_host"]
+    )
+
+
+def ssh_inventory() -> str:
+    return subprocess.run(
+        [str(REPO / "tests/lab/lab.sh"), "inventory"],
+        env={**os.environ, "LAB_NAME": LAB},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+
+def active_gateway(vip: str) -> str:
+    for gw in ("gw1", "gw2"):
+        if vip in ssh(gw, "ip -4 -o addr show", check=False):
+            return gw
+    return ""
+
+
+def _job() -> tuple[int, str]:
+    o = ssh(
+        "login",
+        "cd /tmp && runuser -u alice -- sbatch --parsable -J gwbench -w c1 -N1 --wrap 'sleep 900'",
+    )
+    job = int(o.strip().split(";")[0])
+    for _ in range(120):
+        if ssh("login", f"squeue -h -j {job} -o %T").strip() == "RUNNING":
+            break
+        time.sleep(0.5)
+    for _ in range(60):
+        pods = json.loads(ssh("c1", "podnet --json pods"))
+        p = [x for x in pods if x.get("job_id") == job]
+        if p:
+            return job, Path(p[0]["netns"]).name
+        time.sleep(0.5)
+    raise SystemExit("no pod for the benchmark job")
+
+
+def _iperf(node: str, prefix: str, ext: str) -> float:
+    o = ssh(node, f"{prefix}iperf3 -J -t {TPUT_SECONDS} -c {ext}", timeout=TPUT_SECONDS + 60)
+    return float(json.loads(o)["end"]["sum_received"]["bits_per_second"]) / 1e9
+
+
+def bench_throughput(ns: str, vip: str, ext: str) -> None:
+    ssh("ext", "pkill iperf3; setsid iperf3 -s -D >/dev/null 2>&1 </dev/null", check=False)
+    # the lab policy allows tcp 8000-8099 only: iperf3's 5201 is allowed for the run
+    ssh("ext", "true")
+    pod, host = [], []
+    for i in range(TPUT_RUNS):
+        gw = active_gateway(vip)
+        order = ("pod", "host") if i % 2 == 0 else ("host", "pod")
+        for what in order:
+            if what == "pod":
+                pod.append(_iperf("c1", f"ip netns exec {ns} runuser -u alice -- ", ext))
+            else:
+                host.append(_iperf(gw, "", ext))
+    ssh("ext", "pkill iperf3", check=False)
+    p, h = statistics.median(pod), statistics.median(host)
+    out("gateway_egress_throughput_pod_gbps", p, "Gbit/s")
+    out("gateway_egress_throughput_host_gbps", h, "Gbit/s")
+    out("gateway_egress_throughput_ratio", p / h, "ratio")
+
+
+def bench_failover(ns: str, vip: str, ext: str) -> None:
+    ssh(
+        "ext",
+        "pkill -f 'http.server 8080'; cd /tmp && setsid python3 -m http.server 8080 "
+        ">/dev/null 2>&1 </dev/null &",
+        check=False,
+    )
+    probe = (
+        f'ip netns exec {ns} python3 -c "import socket,time,sys\n'
+        "t0=time.monotonic()\n"
+        "while True:\n"
+        "  try:\n"
+        f"    socket.create_connection(('{ext}',8080),0.2).close(); break\n"
+        "  except OSError: time.sleep(0.02)\n"
+        'print((time.monotonic()-t0)*1000)"'
+    )
+    times = []
+    for _ in range(FAILOVER_RUNS):
+        gw = active_gateway(vip)
+        if not gw:
+            time.sleep(2)
+            continue
+        # both links down in one go (the ssh session dies with host0), back after 8 s
+        ssh(
+            gw,
+            "setsid sh -c 'ip link set ext0 down; ip link set host0 down; sleep 8; "
+            "ip link set host0 up; ip link set ext0 up' >/dev/null 2>&1 </dev/null &",
+            check=False,
+            timeout=10,
+        )
+        times.append(float(ssh("c1", probe, timeout=60).strip()))
+        time.sleep(14)  # links back, VRRP settled
+    if times:
+        out("gateway_failover_ms", statistics.median(times), "ms")
+        out("gateway_failover_max_ms", max(times), "ms")
+
+
+def main() -> None:
+    if "--policy-child" in sys.argv:
+        policy_apply_child()
+        return
+    bench_policy_apply()
+    if _lab_env().get("LAB_GATEWAYS") != "1":
+        print(f"# lab {LAB} has no gateways: throughput and failover skipped", file=sys.stderr)
+        return
+    vip, ext = _addresses()
+    job, ns = _job()
+    key = "/podnet/lab/gateway/policy/users/alice"
+    pki = "/etc/podnet/pki"
+    etcdctl = (
+        f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={pki}/ca.crt "
+        f"--cert={pki}/admin.crt --key={pki}/admin.key"
+    )
+    saved = ssh("ctl", f"{etcdctl} get --print-value-only {key}", check=False).strip()
+    pol = {"egress": [{"action": "allow", "cidr": f"{ext}/32", "proto": "tcp", "ports": "5201"}]}
+    ssh("ctl", f"{etcdctl} put {key} '{json.dumps(pol)}'")
+    try:
+        time.sleep(1)
+        bench_throughput(ns, vip, ext)
+        bench_failover(ns, vip, ext)
+    finally:
+        if saved:
+            ssh("ctl", f"{etcdctl} put {key} '{saved}'", check=False)
+        else:
+            ssh("ctl", f"{etcdctl} del {key}", check=False)
+        ssh("login", f"scancel {job}", check=False)
+
+
+if __name__ == "__main__":
+    main()
