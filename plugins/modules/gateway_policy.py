@@ -183,8 +183,8 @@ def run(params: dict[str, t.Any], check_mode: bool, gw: EtcdGateway) -> dict[str
         "changed_keys": [base + n for n in sorted(after)],
         "policies": want,
         "diff": {
-            "before": "".join(f"{k}: {_pretty(v)}" for k, v in sorted(before.items())),
-            "after": "".join(f"{k}: {_pretty(v)}" for k, v in sorted(after.items())),
+            "before": "".join(f"{k}: {_pretty(v)}" for k, v in sorted(before.items()) if v),
+            "after": "".join(f"{k}: {_pretty(v)}" for k, v in sorted(after.items()) if v),
             "before_header": base,
             "after_header": base,
         },
