@@ -3,6 +3,7 @@
 # the lab topology, entirely inside network namespaces this script creates:
 #
 #   n1, n2 (lab nodes) --- <lab>br0 in "host" --- out (another network)
+#   x1 (the gateway lab's external network, LAB_GATEWAYS=1) --- <lab>bx0 in "host"
 #
 # The "host" namespace has ip_forward=1 (in that namespace only; the real host
 # is never touched), so without the table it WOULD route lab <-> out. With the
@@ -14,14 +15,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 [ "$(id -u)" = 0 ] || { echo "test-host-guard: run as root" >&2; exit 1; }
 P=pnlg$$                      # unique prefix of every namespace and link
 P=${P:0:12}
-BR=${P}br0
-H=$P-host N1=$P-n1 N2=$P-n2 O=$P-out
+BR=${P}br0 BX=${P}bx0
+H=$P-host N1=$P-n1 N2=$P-n2 O=$P-out X1=$P-x1
 passed=0 failed=0 listeners=()
 
 cleanup() {
     local ns pid
     for pid in "${listeners[@]}"; do kill "$pid" 2>/dev/null || true; done
-    for ns in "$H" "$N1" "$N2" "$O"; do ip netns del "$ns" 2>/dev/null || true; done
+    for ns in "$H" "$N1" "$N2" "$O" "$X1"; do ip netns del "$ns" 2>/dev/null || true; done
 }
 trap cleanup EXIT
 [ -z "${GUARD_DEBUG:-}" ] || trap - EXIT
@@ -49,7 +50,7 @@ while True:
     listeners+=($!)
 }
 
-for ns in "$H" "$N1" "$N2" "$O"; do
+for ns in "$H" "$N1" "$N2" "$O" "$X1"; do
     ip netns add "$ns"
     ip -n "$ns" link set lo up
 done
@@ -73,8 +74,16 @@ ip -n "$H" link set "$P-vo" up
 ip -n "$O" addr add 203.0.113.130/30 dev eth0
 ip -n "$O" link set eth0 up
 ip -n "$O" route add default via 203.0.113.129
-for ns in "$H" "$N2" "$O" "$N1"; do listen "$ns"; done
-for ns in "$H" "$N2" "$O" "$N1"; do
+ip -n "$H" link add "$BX" type bridge
+ip -n "$H" addr add 203.0.113.193/27 dev "$BX"
+ip -n "$H" link set "$BX" up
+ip link add "$P-vx" netns "$H" type veth peer name host0 netns "$X1"
+ip -n "$H" link set "$P-vx" master "$BX" up
+ip -n "$X1" addr add 203.0.113.212/27 dev host0
+ip -n "$X1" link set host0 up
+ip -n "$X1" route add default via 203.0.113.193
+for ns in "$H" "$N2" "$O" "$N1" "$X1"; do listen "$ns"; done
+for ns in "$H" "$N2" "$O" "$N1" "$X1"; do
     for _ in $(seq 50); do reach "$ns" 127.0.0.1 2>/dev/null && break; sleep 0.1; done
 done
 
@@ -86,6 +95,10 @@ check "table: node -> node across the lab bridge" ok reach "$N1" 203.0.113.72
 check "table: node -> host bridge address" ok reach "$N1" 203.0.113.65
 check "table: lab node -> other network is dropped" fail reach "$N1" 203.0.113.130
 check "table: other network -> lab node is dropped" fail reach "$O" 203.0.113.71
+check "table: external network -> host bridge address" ok reach "$X1" 203.0.113.193
+check "table: external network -> lab node is dropped" fail reach "$X1" 203.0.113.71
+check "table: lab node -> external network is dropped" fail reach "$N1" 203.0.113.212
+check "table: external network -> other network is dropped" fail reach "$X1" 203.0.113.130
 rules=$(ip netns exec "$H" nft list table inet "${P}_host")
 check "table: bridged node <-> node frames passed the forward hook (accept counter)" ok \
     grep -Eq 'oifname "'"$BR"'" counter packets [1-9][0-9]* bytes [0-9]+ accept' <<<"$rules"
