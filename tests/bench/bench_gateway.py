@@ -213,7 +213,7 @@ def bench_throughput(ns: str, vip: str, ext: str) -> None:
 def bench_failover(ns: str, vip: str, ext: str) -> None:
     ssh(
         "ext",
-        "pkill -f 'http.server 8080'; cd /tmp && setsid python3 -m http.server 8080 "
+        "pkill -f '^python3 -m http.server 8080'; cd /tmp && setsid python3 -m http.server 8080 "
         ">/dev/null 2>&1 </dev/null &",
         check=False,
     )

@@ -384,6 +384,13 @@ class Gateway:
         return time.monotonic() - t0
 
     def run(self) -> None:
+        # forwarding; and flows the peer synced (conntrackd) carry TCP windows a little
+        # behind: accept their packets instead of marking them invalid
+        for path in ("ipv4/ip_forward", "netfilter/nf_conntrack_tcp_be_liberal"):
+            try:
+                Path("/proc/sys/net", path).write_text("1")
+            except OSError as e:
+                log.warning("net.%s: %s", path.replace("/", "."), e)
         pod_cidr = self.pod_cidr()
         self.publish_config()
         _kvs, rev = self.etcd.get_prefix(self.keys.prefix("gateway"), keys_only=True)
