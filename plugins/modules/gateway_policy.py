@@ -39,7 +39,7 @@ options:
     required: true
   global_policy:
     description:
-      - The global policy. C(default) is V(allow) or V(deny) (default V(deny)): what happens to
+      - The global policy. C(default) is V(allow) or V(deny) (default V(deny)) - what happens to
         a packet no rule matches.
       - C(egress) is a list of rules, each with C(action) (V(allow)/V(deny), default V(allow)),
         C(cidr) (default C(0.0.0.0/0)), C(proto) (V(tcp), V(udp), V(icmp), V(any);
