@@ -34,7 +34,7 @@ def _ports(v: t.Any, where: str) -> str:
     out = []
     for raw in v.split(","):
         part = raw.strip()
-        lo_s, _, hi_s = part.partition("-")
+        lo_s, _sep, hi_s = part.partition("-")
         try:
             lo, hi = int(lo_s), int(hi_s or lo_s)
         except ValueError:

@@ -211,12 +211,8 @@ def bench_throughput(ns: str, vip: str, ext: str) -> None:
 
 
 def bench_failover(ns: str, vip: str, ext: str) -> None:
-    ssh(
-        "ext",
-        "pkill -f '^python3 -m http.server 8080'; cd /tmp && setsid python3 -m http.server 8080 "
-        ">/dev/null 2>&1 </dev/null &",
-        check=False,
-    )
+    ssh("ext", "pkill -f '^python3 -m http.server 8080'", check=False)
+    ssh("ext", "cd /tmp; setsid python3 -m http.server 8080 >/dev/null 2>&1 </dev/null & sleep 0.5")
     probe = (
         f'ip netns exec {ns} python3 -c "import socket,time,sys\n'
         "t0=time.monotonic()\n"

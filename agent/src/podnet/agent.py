@@ -33,7 +33,7 @@ from podnet import __version__
 from podnet.alloc import Allocator, AllocError
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.dataplane import Dataplane
-from podnet.egress import set_egress_route
+from podnet.egress import ensure_egress_route, set_egress_route
 from podnet.etcd_sync import EtcdSync
 from podnet.firewall import Firewall
 from podnet.ipam import Ipam
@@ -382,6 +382,8 @@ class _Rooms:
         )
         sync = EtcdSync(etcd, keys, cfg.node, alloc, dp, fw, agent.pods, nets)
         nets.on_network = sync.queue
+        if cc.egress_gateway and not gateway_node:
+            sync.on_idle = lambda: ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)
         lease = NodeLease(
             etcd, keys, cfg.node, cfg.underlay_ip, cfg.roles, agent.state, cc.login_lease_ttl
         )

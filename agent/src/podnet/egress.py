@@ -25,6 +25,32 @@ def _ip(*args: str, check: bool = True) -> bool:
     return r.returncode == 0
 
 
+def ensure_egress_route(gateway: str, interface: str) -> None:
+    """Put the default route of EGRESS_TABLE back if the kernel dropped it (link down)."""
+    if not gateway:
+        return
+    r = subprocess.run(
+        ["ip", "-4", "route", "show", "table", str(EGRESS_TABLE)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if r.returncode == 0 and "default" not in r.stdout:
+        log.warning("egress route was gone (link down?): restored")
+        _ip(
+            "-4",
+            "route",
+            "replace",
+            "default",
+            "via",
+            gateway,
+            "dev",
+            interface,
+            "table",
+            str(EGRESS_TABLE),
+        )
+
+
 def set_egress_route(pod_cidr: str, gateway: str, interface: str) -> None:
     """Install (gateway set) or remove (gateway "") the egress policy route."""
     for pref in (PREF_MAIN, PREF_EGRESS):

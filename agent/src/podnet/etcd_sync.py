@@ -17,6 +17,7 @@ import ipaddress
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from podnet.alloc import Allocator
@@ -62,6 +63,8 @@ class EtcdSync:
         self._pending: set[str | int] = set()
         self._mutex = threading.Lock()
         self._wake = threading.Event()
+        #: called on quiet passes (every 5 s without events): the egress route check
+        self.on_idle: Callable[[], None] | None = None
 
     # -- events ----------------------------------------------------------------------
     def on_event(self, kind: str, key: str, kv: Any) -> None:
@@ -160,6 +163,14 @@ class EtcdSync:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             if not self._wake.wait(5):
+                # quiet: the kernel drops routes through a link that went down (a flap,
+                # a gateway's failover test): put back what etcd says, if anything is gone
+                try:
+                    self.sync_routes()
+                    if self.on_idle is not None:
+                        self.on_idle()
+                except Exception:
+                    log.exception("route check failed")
                 continue
             time.sleep(DEBOUNCE)
             self._wake.clear()
