@@ -295,6 +295,8 @@ def main() -> None:
         else:
             ssh("ctl", f"{etcdctl} del {key}", check=False)
         ssh("login", f"scancel {job}", check=False)
+        ssh("ext", "pkill -f '^python3 -m http.server 8080'", check=False)
+        ssh("c1", "pkill -f '^python3 /tmp/gwprobe.py'", check=False)
 
 
 if __name__ == "__main__":
