@@ -184,7 +184,7 @@ class NodeConfig:
             c.pid_init = v
         if d.get("metrics") is not None:
             m = _str(d["metrics"], "metrics", where)
-            host, _, port = m.rpartition(":")
+            host, _sep, port = m.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"{where}: 'metrics' must be host:port, got {m!r}")
             c.metrics = m
