@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import sbatch, scancel, ssh, wait_for
+from conftest import pods, sbatch, scancel, ssh, wait_for
 
 
 def step(job: int, cmd: str, user: str = "alice", check: bool = True, node: str = "c1") -> str:
@@ -214,3 +214,37 @@ def test_sstat_shows_the_memory_of_a_step_in_the_pod(two_jobs: dict[str, int]) -
     assert m, out
     kib = int(m.group(1)) * {"K": 1, "M": 1024, "G": 1024 * 1024}[m.group(2)]
     assert kib >= 96 * 1024, out
+
+
+def test_time_limit_ends_the_step_its_processes_and_the_pod() -> None:
+    """A job over its time limit (1 minute, the smallest Slurm has) ends: slurmd signals the
+    step's tasks in the pod's PID namespace, and the pod goes with the job."""
+    out = ssh(
+        "login",
+        "cd /tmp && runuser -u carol -- sbatch --parsable -J pidtime -w c1 -N 1 -t 1 "
+        "-o /tmp/pidtime-%j.out --wrap 'srun sleep 4545'",
+    ).stdout
+    job = int(re.findall(r"\d+", out)[0])
+    try:
+        wait_for(lambda: ssh("c1", "pgrep -f 'sleep 4545'", check=False).returncode == 0, 60)
+        # Slurm checks time limits every 30 s and waits KillWait (30 s) after SIGTERM
+        state = wait_for(
+            lambda: (
+                (s := ssh("login", f"squeue -h -t all -j {job} -o %T").stdout.strip())
+                not in ("", "RUNNING", "PENDING", "COMPLETING", "CONFIGURING")
+                and s
+            ),
+            240,
+            2,
+        )
+        assert state == "TIMEOUT", state
+        wait_for(lambda: ssh("c1", "pgrep -f 'sleep 4545'", check=False).returncode != 0, 60)
+        wait_for(
+            lambda: ssh("c1", f"test -e /run/podnet/pidns/pn-j{job}", check=False).returncode != 0,
+            60,
+        )
+        assert not any(p.get("job_id") == job for p in pods("c1"))
+        text = ssh("c1", f"cat /tmp/pidtime-{job}.out", check=False).stdout
+        assert "TIME LIMIT" in text, text
+    finally:
+        scancel(job)
