@@ -153,6 +153,24 @@ def test_ssh_into_a_compute_node_lands_in_a_jobs_pid_namespace(two_jobs: dict[st
     assert not any(a.startswith(("/usr/sbin/sshd", "sshd:")) and "[priv]" in a for a in args), out
 
 
+def test_a_login_pod_is_a_pid_namespace_too() -> None:
+    """SSH sessions on the login node share their user's login pod: PID 1 is the pod's
+    init, the user's other sessions are there, another user's are not, nor the host's."""
+    bg = "nohup setsid sleep {} >/dev/null 2>&1 </dev/null &"
+    try:
+        ssh("bob@login", bg.format(1202))
+        ssh("alice@login", bg.format(1201))
+        out = ssh("alice@login", "ps -e -o pid=,args=").stdout
+        rows = [line.split(None, 1) for line in out.splitlines()]
+        assert rows[0][0] == "1" and "podnet-init" in rows[0][1], out
+        args = [a for _, a in rows]
+        assert "sleep 1201" in args, out  # left by an earlier session of hers
+        assert "sleep 1202" not in args, out
+        assert not any("slurmctld" in a or "systemd-journald" in a for a in args), out
+    finally:
+        ssh("login", "pkill -f '^sleep 120[12]$'", check=False)
+
+
 def test_srun_pty_gets_a_terminal_in_the_pod(two_jobs: dict[str, int]) -> None:
     """`srun --pty` (script(1) gives srun the terminal a user would have)."""
     job = two_jobs["a1"]
