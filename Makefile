@@ -33,7 +33,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -115,6 +115,10 @@ lint: deps
 
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+# The variables table of docs/roles/<role>.md from each role's meta/argument_specs.yml.
+role-docs: deps
+	$(PY) $(ROOT)/tests/unit/roles/role_docs.py
 
 # The C side's fuzz targets (agent/native: the reply parser, the escaper and request
 # builder), libFuzzer under ASan/UBSan, FUZZ_SECONDS each; `make unit` runs them 4 s.
