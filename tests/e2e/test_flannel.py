@@ -253,6 +253,10 @@ def test_users_get_no_flannel_network_without_a_setuid_starter(
 ) -> None:
     """What docs/hpk.md says users meet with Debian's Apptainer (no starter-suid)."""
     del containers  # the image
+    # HPK's apptainer.conf (inventories/lab): the users and networks are allowed, in vain
+    conf = ssh("c1", "grep '^allow net' /etc/apptainer/apptainer.conf").stdout
+    assert "allow net users = alice, bob, carol" in conf, conf
+    assert "allow net networks = flannel, fakeroot" in conf, conf
     starters = ssh("c1", "dpkg -L apptainer | grep '/bin/starter'").stdout.split()
     assert starters == ["/usr/lib/x86_64-linux-gnu/apptainer/bin/starter"], starters
     net = ssh(
