@@ -141,6 +141,11 @@ def test_each_node_has_its_own_lease_under_flannels_prefix() -> None:
     conf = json.loads(etcdctl(f"get --print-value-only /flannel/{CLUSTER}/network/config"))
     assert conf["Network"] == FLANNEL_NET
     assert conf["Backend"] == {"Type": "vxlan", "VNI": 1, "Port": FLANNEL_PORT}
+    # each node's flanneld has its own etcd user, read-write on Flannel's prefix only
+    assert "podnet-flannel" in etcdctl("user get flannel-c1")
+    role = etcdctl("role get podnet-flannel")
+    assert f"(prefix /flannel/{CLUSTER}/network/)" in role.split("KV Write:")[1], role
+    assert "/podnet/" not in role and "/skydns" not in role, role
     link = ssh("c1", "ip -d link show flannel.1").stdout
     assert f"dstport {FLANNEL_PORT}" in link, link
 
