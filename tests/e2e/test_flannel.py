@@ -33,7 +33,7 @@ MKROOT = """set -e
 d=$1
 rm -rf "$d"
 mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
-for b in /bin/sh /bin/sleep /bin/cat /usr/bin/id; do
+for b in /bin/sh /bin/sleep /bin/cat /bin/readlink /usr/bin/id; do
     cp "$b" "$d/bin/"
     for l in $(ldd "$b" | grep -o '/[^ ]*'); do
         mkdir -p "$d$(dirname "$l")"
@@ -158,6 +158,20 @@ def test_containers_on_two_nodes_reach_each_other(containers: dict[str, Containe
         assert p.returncode == 0, f"{a.node} -> {b.ip}: {p.stdout}{p.stderr}"
 
 
+def test_hpk_parent_container_pattern(containers: dict[str, Container]) -> None:
+    """HPK's control plane: a parent container on the network, a child joining its network
+    namespace (root: `--netns-path`), both on one address and one localhost."""
+    parent = containers["c1"]
+    want = ssh("c1", f"readlink /proc/{parent.pid}/ns/net").stdout.strip()
+    child = ssh(
+        "c1",
+        f"apptainer -q exec --netns-path /proc/{parent.pid}/ns/net {SIF} "
+        "sh -c 'readlink /proc/self/ns/net; cat /proc/net/fib_trie'",
+    ).stdout
+    assert child.splitlines()[0] == want, child
+    assert parent.ip in child, child
+
+
 def test_egress_to_a_host_is_masqueraded(containers: dict[str, Container]) -> None:
     ctl = ssh("ctl", "ip -4 -o addr show host0").stdout.split()[3].split("/")[0]
     c1_ip = ssh("c1", "ip -4 -o addr show host0").stdout.split()[3].split("/")[0]
@@ -202,7 +216,9 @@ def test_user_host_process_cannot_send_to_flannels_vxlan_port(
 ) -> None:
     """alice, in an opt-out step on c2 (host network), forges VXLAN (VNI 1) to c1:8472 for
     the Flannel container on c1: podnetd's output rule refuses her socket (EPERM) and
-    nothing arrives; the container on c2 still reaches the listener (control)."""
+    nothing arrives, nor when sent into Flannel's tunnel (VXLAN in VXLAN); her ordinary
+    datagram to the container arrives (hosts reach Flannel containers, as HPK needs), and
+    so does the container on c2's (control)."""
     c1, c2 = containers["c1"], containers["c2"]
     log = "/tmp/podnet-e2e-flannel-listen.log"
     ssh("c1", f"rm -f {log}")
@@ -228,28 +244,37 @@ def test_user_host_process_cannot_send_to_flannels_vxlan_port(
         "n": 10,
     }
     _put("c2", "/tmp/podnet-e2e-forge.py", FORGE)
-    arg = base64.b64encode(json.dumps(forge).encode()).decode()
+    c1_tunnel = ssh("c1", "ip -4 -o addr show flannel.1").stdout.split()[3].split("/")[0]
+    # the same frames sent into Flannel's tunnel, to c1's flannel.1 address (VXLAN in VXLAN)
+    nested = {**forge, "dst": c1_tunnel, "sport": 42000}
+    hello = f"import socket\nsocket.socket(2, 2).sendto(b'host-alice', ('{c1.ip}', 47212))\n"
+    _put("c2", "/tmp/podnet-e2e-hello.py", hello)
     out = ssh(
         "login",
-        "cd /tmp && runuser -u alice -- srun --podnet=no -N1 -w c2 -t 2 "
-        f"python3 /tmp/podnet-e2e-forge.py {arg}",
+        "cd /tmp && runuser -u alice -- srun --podnet=no -N1 -w c2 -t 2 sh -c "
+        f"'python3 /tmp/podnet-e2e-forge.py {_b64(json.dumps(forge))}; "
+        f"python3 /tmp/podnet-e2e-forge.py {_b64(json.dumps(nested))}; "
+        "python3 /tmp/podnet-e2e-hello.py'",
         timeout=120,
     ).stdout
-    sent = json.loads(out.strip().splitlines()[-1])
+    sent = [json.loads(ln) for ln in out.strip().splitlines() if ln.startswith("{")]
     # control: the real path (c2's container -> kernel VXLAN -> c1's container) delivers
     c2.run(
         f'python3 -c "import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM)'
         f".sendto(b'control', ('{c1.ip}', 47212))\""
     )
     got = wait_for(
-        lambda: [ln for ln in ssh("c1", f"cat {log}").stdout.splitlines() if "control" in ln], 20
+        lambda: [ln for ln in ssh("c1", f"cat {log}").stdout.splitlines() if "control" in ln],
+        20,
     )
     time.sleep(1)
     lines = ssh("c1", f"cat {log}").stdout.splitlines()
     forged = [ln for ln in lines if "forged" in ln]
     assert got, lines
     assert forged == [], f"forged VXLAN from alice's host process arrived: {forged} ({sent})"
-    assert sent["sent"] == 0 and len(sent["errors"]) == 10, sent
+    assert [(x["sent"], len(x["errors"])) for x in sent] == [(0, 10), (0, 10)], sent
+    # HPK's host side (hpk-kubelet) reaches containers: alice's host process did
+    assert any("host-alice" in ln for ln in lines), lines
     ssh("c1", "pkill -f podnet-e2e-flannel-listen.py", check=False)
 
 

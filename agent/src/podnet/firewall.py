@@ -43,6 +43,10 @@ class FirewallError(RuntimeError):
 #: Flannel's VXLAN port (HPK-style containers; roles/flannel): the default of the cluster
 #: configuration's `other_vxlan_ports`, filtered as podnet's own
 FLANNEL_VXLAN_PORT = 8472
+#: mark bit of packets a local socket routes into a VXLAN device (Flannel's flannel.1): the
+#: kernel keeps the socket as the owner of the encapsulated packet, so the marked outer
+#: packet is told from a datagram a user's socket sends to a VXLAN port itself
+TUNNEL_MARK = 0x504E0000
 #: `meta skuid` in this range: the packet belongs to a socket with an owner (a process's);
 #: packets of no socket (the kernel's VXLAN, ICMP errors, RSTs) never match
 ANY_UID = "0-4294967295"
@@ -115,6 +119,8 @@ table inet podnet {{
     set host_uids {{ type uid; {uids} }}
     chain input {{
         type filter hook input priority -10; policy accept;
+        # VXLAN in VXLAN (a datagram to a VXLAN port that came out of a tunnel): never
+        meta iifkind "vxlan" udp dport @vxlan_ports drop
         udp dport @vxlan_ports ip saddr != @vteps drop
         iifname "pnbr*" goto from_pods
     }}
@@ -125,8 +131,15 @@ table inet podnet {{
     }}
     chain output {{
         type filter hook output priority -10; policy accept;
-        # VXLAN only from the kernel's tunnels (no socket owner), never from a user socket
-        udp dport @vxlan_ports meta skuid {ANY_UID} drop
+        # VXLAN only from the kernel's tunnels, never from a user socket: a socket's
+        # datagram to a VXLAN port sent into a tunnel (VXLAN in VXLAN) is dropped; a
+        # socket's packet into a VXLAN device (hosts reach Flannel's containers) is marked,
+        # and its encapsulation, still owned by that socket, passes; any other
+        # datagram a socket sends to a VXLAN port is dropped
+        udp dport @vxlan_ports meta oifkind "vxlan" meta skuid {ANY_UID} drop
+        meta oifkind "vxlan" meta mark set meta mark | {TUNNEL_MARK:#x}
+        udp dport @vxlan_ports meta mark & {TUNNEL_MARK:#x} != {TUNNEL_MARK:#x} \
+meta skuid {ANY_UID} drop
         # hosts reach pods: replies, and connections of the system identities only
         ip daddr {pod_cidr} ct state established,related accept
         ip daddr {pod_cidr} meta skuid @host_uids accept

@@ -350,7 +350,8 @@ def test_ruleset_keeps_the_isolation_rules() -> None:
     out = text[text.index("chain output {", text.index("table inet podnet")) :]
     out = out[: out.index("}")]
     # user sockets never send VXLAN; hosts reach pods only as replies or as system uids
-    assert "udp dport @vxlan_ports meta skuid" in out and "drop" in out
+    assert "udp dport @vxlan_ports meta mark & 0x504e0000 != 0x504e0000 meta skuid" in out
+    assert 'udp dport @vxlan_ports meta oifkind "vxlan" meta skuid' in out
     assert "ip daddr 198.18.0.0/15 ct state established,related accept" in out
     assert "meta skuid @host_uids accept" in out
     assert out.rstrip().splitlines()[-1].strip().endswith("drop")
@@ -380,6 +381,7 @@ def test_other_vxlan_ports_are_guarded_like_podnets() -> None:
     assert "set vxlan_ports { type inet_service; elements = { 4789, 8472 } }" in default
     inp = default[default.index("chain input {", default.index("table inet podnet")) :]
     assert "udp dport @vxlan_ports ip saddr != @vteps drop" in inp[: inp.index("}")]
+    assert 'meta iifkind "vxlan" udp dport @vxlan_ports drop' in inp[: inp.index("}")]
     text = firewall.ruleset("198.18.0.0/15", 4789, [], [], [], [0], other_vxlan_ports=[9000])
     assert "elements = { 4789, 9000 }" in text
     assert "elements = { 4789 }" in firewall.ruleset(
