@@ -33,7 +33,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e artifacts clean
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e bench-cni artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -171,6 +171,10 @@ test-e2e: deps
 
 bench-e2e: deps
 	$(PY) $(ROOT)/tests/bench/bench_e2e.py
+
+# Container network setup through CNI: the Flannel chain Apptainer runs (issue 10).
+bench-cni: deps artifacts
+	$(PY) $(ROOT)/tests/bench/bench_cni.py
 
 clean:
 	rm -rf $(ROOT)/build $(ROOT)/tests/output

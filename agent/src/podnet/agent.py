@@ -363,7 +363,9 @@ class _Rooms:
             cc.underlay_mtu,
             PidNamespaces(cfg.pidns_dir, cfg.pid_init),
         )
-        fw = Firewall(cc.pod_cidr, cc.vxlan_port, cc.host_cidrs, cfg.host_uids)
+        fw = Firewall(
+            cc.pod_cidr, cc.vxlan_port, cc.host_cidrs, cfg.host_uids, cc.other_vxlan_ports
+        )
         nets = UserNetworks(
             etcd, keys, alloc, dp, agent.pods, cfg.node, cfg.underlay_ip, cfg.user_net_linger
         )
