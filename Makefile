@@ -32,8 +32,8 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck \
   clang libclang-rt-14-dev
 
-.PHONY: help collection-link deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e bench-gateway artifacts clean
+.PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -74,10 +74,24 @@ $(ROOT)/build/collections/ansible_collections/hpc/podnet:
 
 deps: host-deps venv collection-link
 
+# The collection as a site gets it: the tarball `ansible-galaxy collection build` makes
+# (galaxy.yml's build_ignore keeps the lab, the tests and the developer's files out),
+# installed into build/collections-installed. The molecule lab deploys from there.
+COLLECTION_DIST = $(ROOT)/build/dist
+COLLECTION_INSTALLED = $(ROOT)/build/collections-installed
+collection-tarball: deps
+	rm -rf $(COLLECTION_DIST) $(COLLECTION_INSTALLED)
+	cd $(ROOT) && $(VENV)/bin/ansible-galaxy collection build --output-path $(COLLECTION_DIST) .
+	cd $(COLLECTION_DIST) && ANSIBLE_COLLECTIONS_PATH=$(COLLECTION_INSTALLED) \
+	  $(VENV)/bin/ansible-galaxy collection install --no-deps -p $(COLLECTION_INSTALLED) \
+	  $(COLLECTION_DIST)/hpc-podnet-*.tar.gz
+	test -f $(COLLECTION_INSTALLED)/ansible_collections/hpc/podnet/MANIFEST.json
+
 ## --- lab cluster ------------------------------------------------------------
 artifacts: deps
 	$(ROOT)/tests/lab/build-artifacts.sh
 	$(ROOT)/tests/lab/build-wheelhouse.sh
+	$(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 
 lab-up: deps artifacts
 	$(LAB) up
@@ -102,6 +116,10 @@ lint: deps
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
 
+# The variables table of docs/roles/<role>.md from each role's meta/argument_specs.yml.
+role-docs: deps
+	$(PY) $(ROOT)/tests/unit/roles/role_docs.py
+
 # The C side's fuzz targets (agent/native: the reply parser, the escaper and request
 # builder), libFuzzer under ASan/UBSan, FUZZ_SECONDS each; `make unit` runs them 4 s.
 FUZZ_SECONDS ?= 60
@@ -109,7 +127,7 @@ fuzz: host-deps
 	$(MAKE) -C $(ROOT)/agent/native O=$(ROOT)/build/native FUZZ_SECONDS=$(FUZZ_SECONDS) fuzz
 
 # Modules against a real 3-member TLS etcd started by the tests on loopback.
-integration: deps
+integration: deps artifacts
 	$(PY) -m pytest -q $(ROOT)/tests/integration
 
 # The 3-member etcd proof on its own lab (tests/integration/run-etcd-ha.sh).
@@ -126,7 +144,7 @@ test-lab-harness: deps artifacts
 test-agent: deps artifacts
 	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) -m pytest -q $(ROOT)/tests/agent
 
-test-molecule: deps artifacts
+test-molecule: deps artifacts collection-tarball
 	mkdir -p $(ROOT)/build/molecule-lab
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
 	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
@@ -153,6 +171,10 @@ test-e2e: deps
 
 bench-e2e: deps
 	$(PY) $(ROOT)/tests/bench/bench_e2e.py
+
+# Container network setup through CNI: the Flannel chain Apptainer runs (issue 10).
+bench-cni: deps artifacts
+	$(PY) $(ROOT)/tests/bench/bench_cni.py
 
 # Gateways (issue 11): policy apply at 1000 users x 10 rules (this host, a throwaway netns);
 # with a gateway lab (PODNET_E2E_LAB, LAB_GATEWAYS=1) also egress throughput and failover.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All static checks (make lint): yamllint, ansible-lint (production), ruff, mypy,
-# ansible-test sanity on the collection (empty ignore files), C warnings.
+# antsibull-docs' docs linter, ansible-test sanity on what the collection ships (empty
+# ignore files), shellcheck.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -18,6 +19,10 @@ ruff format --check agent plugins tests
 
 step mypy
 mypy agent/src plugins
+
+step "antsibull-docs lint-collection-docs"
+ANSIBLE_COLLECTIONS_PATH="$ROOT/build/collections" \
+  antsibull-docs lint-collection-docs --plugin-docs "$ROOT/build/collections/ansible_collections/hpc/podnet"
 
 step "ansible-test sanity"
 "$ROOT/tests/sanity.sh"

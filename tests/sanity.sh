@@ -6,15 +6,27 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 DEST="$ROOT/build/sanity/ansible_collections/hpc/podnet"
 rm -rf "$ROOT/build/sanity"
 mkdir -p "$DEST"
-# tracked and new (not ignored) files of the collection itself: the agent (agent/) and the
-# test suites (tests/) are Python projects of their own, checked by ruff, mypy and pytest
-(cd "$ROOT" && git ls-files -co --exclude-standard -z -- . ':!agent' ':!tests' 'tests/sanity') \
+# exactly what the collection ships: the tarball `ansible-galaxy collection build` makes from
+# the tracked and new (not ignored) files (galaxy.yml's build_ignore keeps the tests, the lab
+# and the developer's files out), plus galaxy.yml (the version), tests/config.yml and the (empty)
+# ignore files
+STAGE="$ROOT/build/sanity/stage"
+mkdir -p "$STAGE/src" "$STAGE/dist"
+(cd "$ROOT" && git ls-files -co --exclude-standard -z) \
+  | (cd "$ROOT" && rsync -a --from0 --files-from=- ./ "$STAGE/src/")
+(cd "$STAGE" && ansible-galaxy collection build --output-path "$STAGE/dist" "$STAGE/src" >/dev/null)
+tar -C "$DEST" -xzf "$STAGE"/dist/hpc-podnet-*.tar.gz
+rm -f "$DEST/MANIFEST.json" "$DEST/FILES.json"
+(cd "$ROOT" && git ls-files -co --exclude-standard -z -- galaxy.yml tests/sanity tests/config.yml) \
   | (cd "$ROOT" && rsync -a --from0 --files-from=- ./ "$DEST/")
+rm -rf "$STAGE"
 for f in "$DEST"/tests/sanity/ignore-*.txt; do
   [ -e "$f" ] || continue
   if [ -s "$f" ]; then echo "sanity: $f is not empty" >&2; exit 1; fi
 done
 cd "$DEST"
+# ansible-test's own output (its delegation venv) is not the collection's
+printf 'tests/output/\n' >.gitignore
 git init -q . && git add -A && git -c user.email=ci@podnet -c user.name=ci commit -qm sanity
 # ansible-test bootstraps pip in its venvs with a script from a host we cannot
 # reach; stand in with the interpreter's own ensurepip + pip (same result).

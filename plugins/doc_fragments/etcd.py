@@ -1,5 +1,6 @@
 # Copyright (c) podnet developers
 # Apache License 2.0 (see galaxy.yml)
+# SPDX-License-Identifier: Apache-2.0
 """Options shared by the hpc.podnet etcd modules (etcd v3 JSON gateway over TLS)."""
 
 from __future__ import annotations
@@ -52,4 +53,25 @@ notes:
     C(ansible.module_utils.urls)).
   - Transient etcd errors (leader change, request timed out) are retried on the next endpoint,
     except for membership changes, which are never sent twice.
+"""
+
+    # What every etcd module shares beyond check and diff mode, which each module describes
+    ATTRIBUTES = r"""
+options: {}
+attributes:
+  action_group:
+    description:
+      - Use C(group/hpc.podnet.etcd) in C(module_defaults) to set the connection options
+        (O(endpoints), O(ca_cert), O(client_cert), O(client_key), ...) once for all of them.
+    support: full
+    membership:
+      - hpc.podnet.etcd
+  idempotent:
+    description:
+      - A second run with the same arguments changes nothing and reports no change.
+    support: full
+  platform:
+    description: Runs on the managed node and talks to etcd over HTTPS.
+    support: full
+    platforms: posix
 """

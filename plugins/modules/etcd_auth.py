@@ -25,6 +25,7 @@ author:
   - podnet developers (@podnet)
 extends_documentation_fragment:
   - hpc.podnet.etcd
+  - hpc.podnet.etcd.attributes
 attributes:
   check_mode:
     support: full

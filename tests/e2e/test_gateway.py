@@ -3,7 +3,7 @@ published ports reached from `ext`, nothing else reached from outside, hairpin d
 a rule change applied to established flows, failover with established TCP kept.
 
 Needs a lab with gateways (LAB_GATEWAYS=1: gw1, gw2 and ext); skipped otherwise. The lab
-policy (inventories/lab/group_vars/all/lab.yml): 203.0.113.0/24 tcp 8000-8099 and icmp
+policy (inventories/lab/group_vars/all/lab.yml): 203.0.113.128/25 tcp 8000-8099 and icmp
 allowed, tcp 8081 denied, alice alone may also reach tcp 9000, 2 published ports each.
 """
 
@@ -309,7 +309,7 @@ def test_rule_change_applies_to_established_flows_within_a_second(gjobs: dict[st
     before = etcdctl(f"get --print-value-only {POLICY_KEY}").strip()
     pol = json.loads(before)
     pol["egress"].insert(
-        0, {"action": "deny", "cidr": "203.0.113.0/24", "proto": "tcp", "ports": "8090"}
+        0, {"action": "deny", "cidr": "203.0.113.128/25", "proto": "tcp", "ports": "8090"}
     )
     t0 = time.monotonic()
     etcdctl(f"put {POLICY_KEY} '{json.dumps(pol)}'")

@@ -12,7 +12,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import sbatch, scancel, ssh, wait_for
+from conftest import pods, sbatch, scancel, ssh, wait_for
 
 
 def step(job: int, cmd: str, user: str = "alice", check: bool = True, node: str = "c1") -> str:
@@ -153,6 +153,24 @@ def test_ssh_into_a_compute_node_lands_in_a_jobs_pid_namespace(two_jobs: dict[st
     assert not any(a.startswith(("/usr/sbin/sshd", "sshd:")) and "[priv]" in a for a in args), out
 
 
+def test_a_login_pod_is_a_pid_namespace_too() -> None:
+    """SSH sessions on the login node share their user's login pod: PID 1 is the pod's
+    init, the user's other sessions are there, another user's are not, nor the host's."""
+    bg = "nohup setsid sleep {} >/dev/null 2>&1 </dev/null &"
+    try:
+        ssh("bob@login", bg.format(1202))
+        ssh("alice@login", bg.format(1201))
+        out = ssh("alice@login", "ps -e -o pid=,args=").stdout
+        rows = [line.split(None, 1) for line in out.splitlines()]
+        assert rows[0][0] == "1" and "podnet-init" in rows[0][1], out
+        args = [a for _, a in rows]
+        assert "sleep 1201" in args, out  # left by an earlier session of hers
+        assert "sleep 1202" not in args, out
+        assert not any("slurmctld" in a or "systemd-journald" in a for a in args), out
+    finally:
+        ssh("login", "pkill -f '^sleep 120[12]$'", check=False)
+
+
 def test_srun_pty_gets_a_terminal_in_the_pod(two_jobs: dict[str, int]) -> None:
     """`srun --pty` (script(1) gives srun the terminal a user would have)."""
     job = two_jobs["a1"]
@@ -214,3 +232,37 @@ def test_sstat_shows_the_memory_of_a_step_in_the_pod(two_jobs: dict[str, int]) -
     assert m, out
     kib = int(m.group(1)) * {"K": 1, "M": 1024, "G": 1024 * 1024}[m.group(2)]
     assert kib >= 96 * 1024, out
+
+
+def test_time_limit_ends_the_step_its_processes_and_the_pod() -> None:
+    """A job over its time limit (1 minute, the smallest Slurm has) ends: slurmd signals the
+    step's tasks in the pod's PID namespace, and the pod goes with the job."""
+    out = ssh(
+        "login",
+        "cd /tmp && runuser -u carol -- sbatch --parsable -J pidtime -w c1 -N 1 -t 1 "
+        "-o /tmp/pidtime-%j.out --wrap 'srun sleep 4545'",
+    ).stdout
+    job = int(re.findall(r"\d+", out)[0])
+    try:
+        wait_for(lambda: ssh("c1", "pgrep -f 'sleep 4545'", check=False).returncode == 0, 60)
+        # Slurm checks time limits every 30 s and waits KillWait (30 s) after SIGTERM
+        state = wait_for(
+            lambda: (
+                (s := ssh("login", f"squeue -h -t all -j {job} -o %T").stdout.strip())
+                not in ("", "RUNNING", "PENDING", "COMPLETING", "CONFIGURING")
+                and s
+            ),
+            240,
+            2,
+        )
+        assert state == "TIMEOUT", state
+        wait_for(lambda: ssh("c1", "pgrep -f 'sleep 4545'", check=False).returncode != 0, 60)
+        wait_for(
+            lambda: ssh("c1", f"test -e /run/podnet/pidns/pn-j{job}", check=False).returncode != 0,
+            60,
+        )
+        assert not any(p.get("job_id") == job for p in pods("c1"))
+        text = ssh("c1", f"cat /tmp/pidtime-{job}.out", check=False).stdout
+        assert "TIME LIMIT" in text, text
+    finally:
+        scancel(job)

@@ -15,6 +15,10 @@
 # checked) from an isolated trixie source list; the host's apt state is not touched.
 #
 # apptainer: the Debian package roles/apptainer installs (see fetch_apptainer).
+#
+# flannel (roles/flannel, HPK's network): flanneld from its Go module at the version pinned
+# in roles/flannel/defaults (flannel_version), the Flannel CNI plugin, and Debian's
+# containernetworking-plugins .deb (see build_flannel, fetch_cni_plugins).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -134,6 +138,126 @@ fetch_apptainer_locked() {
     echo "apptainer: $(basename "$deb") sha256 $(cut -d' ' -f1 "$deb.sha256")"
 }
 
+# role_default ROLE VAR: a scalar default of roles/ROLE/defaults/main.yml
+role_default() {
+    awk -v k="$2:" '$1 == k { gsub(/"/, "", $2); print $2 }' "$here/../../roles/$1/defaults/main.yml"
+}
+
+# go_artifact NAME VERSION PKG@VERSION LDFLAGS: `go install` of a main package from the Go
+# module proxy into $artifacts/NAME-VERSION-linux-amd64 (+ .sha256). Cached by its inputs.
+go_artifact() {
+    local name=$1 version=$2 pkg=$3 ldflags=$4 out inputs tmp t0
+    out=$artifacts/$name-$version-linux-amd64
+    inputs=$( { echo "$pkg $ldflags"; cat "${BASH_SOURCE[0]}"; go version; } | sha256sum | cut -c1-16)
+    (
+        flock 9
+        if [ -x "$out" ] && [ -s "$out.sha256" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$inputs" ]; then
+            echo "$name: cached (inputs $inputs)"
+        else
+            echo "$name: building $pkg from the Go module proxy (inputs $inputs)"
+            t0=$SECONDS
+            tmp=$(mktemp -d "$artifacts/.$name.XXXXXX")
+            trap 'rm -rf "$tmp"' EXIT
+            # go install PKG@VERSION builds the module as released (its own go.mod and go.sum)
+            GOBIN=$tmp GOFLAGS="-trimpath -buildvcs=false" go install -ldflags "-s -w $ldflags" "$pkg"
+            chmod 0755 "$tmp"/*
+            mv -f "$tmp"/* "$out"
+            (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
+            echo "$inputs" >"$out.inputs"
+            echo "$name: built in $((SECONDS - t0)) s"
+        fi
+    ) 9>"$artifacts/.$name.lock"
+    echo "$name: $out sha256 $(cut -d' ' -f1 "$out.sha256")"
+}
+
+# flanneld: flannel's own main package (main.go of github.com/flannel-io/flannel at
+# flannel_version, read from the module cache) built in tests/lab/flannel's module (go.mod,
+# go.sum pinned) without the backends podnet does not use: tencentvpc needs a module the Go
+# module proxy we reach refuses (403), udp needs cgo; ipsec and wireguard go too (slimmer,
+# fewer dependencies). vxlan, host-gw, ipip, alloc and extension stay; `flanneld --version`.
+# The Flannel CNI plugin: upstream now develops it as github.com/flannel-io/cni-plugin, which
+# that proxy also refuses (every version); the same plugin's last release inside the CNI
+# project, github.com/containernetworking/plugins/plugins/meta/flannel v0.9.1 (CNI spec up
+# to 0.4.0), is there, and is what this builds (docs/hpk.md).
+build_flannel() {
+    local version cni_version src=$here/flannel mod out inputs tmp t0 dropped
+    version=$(role_default flannel flannel_version)
+    cni_version=$(role_default flannel flannel_cni_version)
+    if [ -z "$version" ] || [ -z "$cni_version" ]; then
+        echo "build-artifacts: no flannel_version/flannel_cni_version in roles/flannel/defaults/main.yml" >&2
+        return 1
+    fi
+    grep -qE "^(require )?[[:space:]]*github.com/flannel-io/flannel v$version\$" "$src/go.mod" \
+        || { echo "build-artifacts: $src/go.mod does not require flannel v$version (flannel_version)" >&2; return 1; }
+    out=$artifacts/flanneld-$version-linux-amd64
+    inputs=$( { cat "$src/go.mod" "$src/go.sum" "${BASH_SOURCE[0]}"; go version; } | sha256sum | cut -c1-16)
+    (
+        flock 9
+        if [ -x "$out" ] && [ -s "$out.sha256" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$inputs" ]; then
+            echo "flanneld: cached (inputs $inputs)"
+        else
+            echo "flanneld: building $version from the Go module proxy (inputs $inputs)"
+            t0=$SECONDS
+            tmp=$(mktemp -d "$artifacts/.flanneld.XXXXXX")
+            trap 'rm -rf "$tmp"' EXIT
+            mod=$(cd "$src" && go mod download -json "github.com/flannel-io/flannel@v$version" \
+                  | awk -F'"' '$2 == "Dir" { print $4 }')
+            cp "$src/go.mod" "$src/go.sum" "$tmp/"
+            grep -v -E '"github.com/flannel-io/flannel/pkg/backend/(ipsec|tencentvpc|udp|wireguard)"' \
+                "$mod/main.go" >"$tmp/main.go"
+            dropped=$(( $(wc -l <"$mod/main.go") - $(wc -l <"$tmp/main.go") ))
+            [ "$dropped" = 4 ] || { echo "flanneld: expected to drop 4 backend imports, dropped $dropped" >&2; exit 1; }
+            (cd "$tmp" && go build -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=v$version" \
+                -o "$tmp/flanneld" .)
+            "$tmp/flanneld" --version 2>&1 | grep -qx "v$version" \
+                || { echo "flanneld: built binary does not say v$version" >&2; exit 1; }
+            mv -f "$tmp/flanneld" "$out"
+            (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
+            echo "$inputs" >"$out.inputs"
+            echo "flanneld: built in $((SECONDS - t0)) s"
+        fi
+    ) 9>"$artifacts/.flanneld.lock"
+    echo "flanneld: $out sha256 $(cut -d' ' -f1 "$out.sha256")"
+    go_artifact flannel-cni "$cni_version" \
+        "github.com/containernetworking/plugins/plugins/meta/flannel@v$cni_version" \
+        "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v$cni_version"
+}
+
+# Debian's containernetworking-plugins (bridge, host-local, loopback, portmap: what the
+# Flannel CNI plugin delegates to), as $artifacts/containernetworking-plugins_<v>_amd64.deb.
+fetch_cni_plugins() {
+    (
+        flock 9
+        fetch_deb trixie containernetworking-plugins "$(role_default flannel flannel_cni_plugins_version)"
+    ) 9>"$artifacts/.cni-plugins.lock"
+}
+
+# fetch_deb SUITE PACKAGE VERSION: $artifacts/PACKAGE_VERSION_amd64.deb + .sha256 (isolated apt)
+fetch_deb() {
+    local suite=$1 pkg=$2 version=$3 deb tmp
+    [ -n "$version" ] || { echo "build-artifacts: no version for $pkg" >&2; return 1; }
+    deb=$artifacts/${pkg}_${version}_amd64.deb
+    if [ -s "$deb" ] && [ -s "$deb.sha256" ]; then
+        echo "$pkg: cached ($(basename "$deb"))"
+        return 0
+    fi
+    tmp=$(mktemp -d "$artifacts/.$pkg.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
+    echo "deb http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
+               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
+    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && "${apt[@]}" download "$pkg=$version" >"$tmp/download.log" 2>&1) \
+        || { cat "$tmp/download.log" >&2; echo "$pkg: $version not in $suite" >&2; return 1; }
+    mv -f "$tmp"/deb/"${pkg}"_*_amd64.deb "$deb"
+    (cd "$artifacts" && sha256sum "$(basename "$deb")" >"$deb.sha256.tmp" && mv -f "$deb.sha256.tmp" "$deb.sha256")
+    echo "$pkg: $(basename "$deb") sha256 $(cut -d' ' -f1 "$deb.sha256")"
+}
+
 build_coredns
 fetch_etcd
 fetch_apptainer
+build_flannel
+fetch_cni_plugins

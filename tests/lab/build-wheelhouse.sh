@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The podnet agent and its dependencies as wheels for the nodes' Python (Debian trixie:
-# CPython 3.13, x86_64), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/ (the
+# The podnet agent and its dependencies as wheels for every Python of the supported node
+# platforms (Debian 12: CPython 3.11, Debian 13: CPython 3.13; x86_64; pip on the node
+# picks the wheels of its own Python), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/ (the
 # Makefile sets it to this checkout's build/artifacts: built from this checkout's sources,
 # never from another checkout's that shares the cache; default $PODNET_CACHE_DIR/artifacts):
 # the directory hpc.podnet.agent installs from with `pip --no-index` (nodes have no
@@ -11,7 +12,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
 py=${PYTHON:-$root/.venv/bin/python}
-node_py=${NODE_PYTHON_VERSION:-3.13}
+node_pys=${NODE_PYTHON_VERSIONS:-3.11 3.13}
 version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' \
     "$root/agent/pyproject.toml")
 out=${PODNET_WHEELHOUSE_DIR:-$cache/artifacts}/podnet-wheelhouse-$version
@@ -24,7 +25,7 @@ pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/requirements-dev.
 export SOURCE_DATE_EPOCH=315532800
 inputs=$( { (cd "$root/agent" && find pyproject.toml src -type f \( -name '*.py' -o -name '*.toml' \) \
               -not -path '*/__pycache__/*' -print0 | sort -z | xargs -0 cat);
-            echo "$pins $node_py"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+            echo "$pins $node_pys"; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
 mkdir -p "$cache/artifacts" "$(dirname "$out")" "$deps"
 if [ -f "$out/.inputs" ] && [ "$(cat "$out/.inputs")" = "$inputs" ]; then
     echo "wheelhouse: cached $out (inputs $inputs)"
@@ -45,14 +46,18 @@ reqs=$tmp/requirements.txt
         "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client)[<>=!~ ]' || true
 } | sed '/^$/d' >"$reqs"
 download() {
+    local node_py=$1
+    shift
     "$py" -m pip download -q -d "$tmp" --only-binary=:all: --python-version "$node_py" \
         --implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
         --platform manylinux_2_28_x86_64 --platform any -r "$reqs" "$@"
 }
 # the dependencies rarely change: reuse the previous wheelhouse offline, else download
-if ! download --no-index --find-links "$deps" 2>/dev/null; then
-    download
-fi
+for node_py in $node_pys; do
+    if ! download "$node_py" --no-index --find-links "$deps" 2>/dev/null; then
+        download "$node_py"
+    fi
+done
 find "$tmp" -maxdepth 1 -name '*.whl' ! -name 'podnet-*' -exec cp -n {} "$deps/" \;
 rm -f "$reqs"
 echo "$inputs" >"$tmp/.inputs"

@@ -517,10 +517,10 @@ write_inventory() {
 }
 
 # --- commands ----------------------------------------------------------------
-cmd_image() {
+cmd_image() {   # prints the image tarball's path alone on stdout (progress on stderr)
     require_root
     IMAGE_HASH=$(image_hash)
-    ensure_image
+    ensure_image >&2
     echo "$IMAGE_TARBALL"
 }
 

@@ -370,6 +370,7 @@ class _Rooms:
             cc.vxlan_port,
             cc.host_cidrs,
             cfg.host_uids,
+            cc.other_vxlan_ports,
             cc.egress_gateway,
             cfg.underlay_interface,
             gateway_node,

@@ -91,7 +91,7 @@ class Allocator:
     # -- users -------------------------------------------------------------------------
     def user_vni(self, user: str, uid: int) -> int:
         """The user's VNI, allocated once for ever (create-if-absent)."""
-        for _ in range(MAX_ATTEMPTS):
+        for _attempt in range(MAX_ATTEMPTS):
             kv = self.etcd.get(self.keys.user(user))
             if kv:
                 return int(kv.json()["vni"])

@@ -157,7 +157,7 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):
                     continue
                 vni = int(info["vni"])
-                kvs, _ = etcd.get_prefix(keys.prefix(f"vteps/{vni}"))
+                kvs = etcd.get_prefix(keys.prefix(f"vteps/{vni}"))[0]
                 want = {str(kv.json()["ip"]) for kv in kvs} - {cfg.underlay_ip}
                 have = nl.fdb_dsts(sock, int(info["index"]))
                 ok = want == have

@@ -184,7 +184,7 @@ class NodeConfig:
             c.pid_init = v
         if d.get("metrics") is not None:
             m = _str(d["metrics"], "metrics", where)
-            host, _, port = m.rpartition(":")
+            host, _sep, port = m.rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError(f"{where}: 'metrics' must be host:port, got {m!r}")
             c.metrics = m
@@ -250,6 +250,9 @@ class ClusterConfig:
     block_prefix: int
     zone: str
     vxlan_port: int = 4789
+    #: other VXLAN ports on the nodes (Flannel's): user sockets may not send to them and
+    #: they are received from registered nodes only, as podnet's own
+    other_vxlan_ports: list[int] = field(default_factory=lambda: [8472])
     underlay_mtu: int = 1500
     vni_min: int = 4096
     vni_max: int = 16777215
@@ -287,6 +290,11 @@ class ClusterConfig:
         c = cls(pod_cidr=cidr, block_prefix=bp, zone=zone)
         if "vxlan_port" in d:
             c.vxlan_port = _int(d["vxlan_port"], "vxlan_port", where, 1, 65535)
+        if "other_vxlan_ports" in d:
+            ports = d["other_vxlan_ports"]
+            if not isinstance(ports, list):
+                raise ConfigError(f"{where}: 'other_vxlan_ports' must be a list of ports")
+            c.other_vxlan_ports = [_int(x, "other_vxlan_ports", where, 1, 65535) for x in ports]
         if "underlay_mtu" in d:
             c.underlay_mtu = _int(d["underlay_mtu"], "underlay_mtu", where, 1280, 65535)
         if "vni_min" in d:

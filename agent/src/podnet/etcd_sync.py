@@ -185,7 +185,7 @@ class EtcdSync:
     # -- what a pass does ----------------------------------------------------------------
     def refresh_nodes(self) -> bool:
         """The node table from etcd; True if it changed (firewall resynced)."""
-        kvs, _ = self.etcd.get_prefix(self.keys.prefix("nodes"))
+        kvs = self.etcd.get_prefix(self.keys.prefix("nodes"))[0]
         ips = {kv.key.rsplit("/", 1)[-1]: str(kv.json().get("ip")) for kv in kvs}
         if ips == self.node_ips:
             return False

@@ -40,8 +40,13 @@ class FirewallError(RuntimeError):
     pass
 
 
-#: Flannel's VXLAN port (HPK-style containers): no user socket may emit it either
+#: Flannel's VXLAN port (HPK-style containers; roles/flannel): the default of the cluster
+#: configuration's `other_vxlan_ports`, filtered as podnet's own
 FLANNEL_VXLAN_PORT = 8472
+#: mark bit of packets a local socket routes into a VXLAN device (Flannel's flannel.1): the
+#: kernel keeps the socket as the owner of the encapsulated packet, so the marked outer
+#: packet is told from a datagram a user's socket sends to a VXLAN port itself
+TUNNEL_MARK = 0x504E0000
 #: `meta skuid` in this range: the packet belongs to a socket with an owner (a process's);
 #: packets of no socket (the kernel's VXLAN, ICMP errors, RSTs) never match
 ANY_UID = "0-4294967295"
@@ -54,11 +59,16 @@ def ruleset(
     vteps: list[str],
     ports: list[tuple[str, str, str]],
     host_uids: list[int] | None = None,
+    other_vxlan_ports: list[int] | None = None,
     egress_gateway: str = "",
     underlay_interface: str = "",
     gateway_node: bool = False,
 ) -> str:
     """The whole podnet ruleset (nft syntax) for an atomic replace.
+
+    `other_vxlan_ports`: VXLAN ports of other overlays on the node (Flannel's, default
+    8472), guarded like podnet's: received from registered nodes only, never sent by a
+    user socket, never sent by a pod.
 
     `egress_gateway` (the gateways' virtual address): pods' traffic routed to it may
     leave (the gateway polices it), replies come back, and connections to published
@@ -70,7 +80,8 @@ def ruleset(
     def elems(items: list[str]) -> str:
         return f"elements = {{ {', '.join(items)} }}" if items else ""
 
-    vx_ports = elems([str(p) for p in sorted({vxlan_port, FLANNEL_VXLAN_PORT})])
+    others = [FLANNEL_VXLAN_PORT] if other_vxlan_ports is None else other_vxlan_ports
+    vx_ports = elems([str(p) for p in sorted({vxlan_port, *others})])
     uids = elems([str(u) for u in sorted(set(host_uids if host_uids is not None else [0]))])
 
     port_elems = elems([f'"{p}" . {m} . {i}' for p, m, i in ports])
@@ -118,7 +129,9 @@ table inet podnet {{
     set host_uids {{ type uid; {uids} }}
     chain input {{
         type filter hook input priority -10; policy accept;
-        udp dport {vxlan_port} ip saddr != @vteps drop
+        # VXLAN in VXLAN (a datagram to a VXLAN port that came out of a tunnel): never
+        meta iifkind "vxlan" udp dport @vxlan_ports drop
+        udp dport @vxlan_ports ip saddr != @vteps drop
         iifname "pnbr*" goto from_pods
     }}
     chain from_pods {{
@@ -128,8 +141,15 @@ table inet podnet {{
     }}
     chain output {{
         type filter hook output priority -10; policy accept;
-        # VXLAN only from the kernel's tunnels (no socket owner), never from a user socket
-        udp dport @vxlan_ports meta skuid {ANY_UID} drop
+        # VXLAN only from the kernel's tunnels, never from a user socket: a socket's
+        # datagram to a VXLAN port sent into a tunnel (VXLAN in VXLAN) is dropped; a
+        # socket's packet into a VXLAN device (hosts reach Flannel's containers) is marked,
+        # and its encapsulation, still owned by that socket, passes; any other
+        # datagram a socket sends to a VXLAN port is dropped
+        udp dport @vxlan_ports meta oifkind "vxlan" meta skuid {ANY_UID} drop
+        meta oifkind "vxlan" meta mark set meta mark | {TUNNEL_MARK:#x}
+        udp dport @vxlan_ports meta mark & {TUNNEL_MARK:#x} != {TUNNEL_MARK:#x} \
+meta skuid {ANY_UID} drop
         # hosts reach pods: replies, and connections of the system identities only
         ip daddr {pod_cidr} ct state established,related accept
         ip daddr {pod_cidr} meta skuid @host_uids accept
@@ -177,6 +197,7 @@ class Firewall:
         vxlan_port: int,
         allowed: list[ipaddress.IPv4Network],
         host_uids: list[int] | None = None,
+        other_vxlan_ports: list[int] | None = None,
         egress_gateway: str = "",
         underlay_interface: str = "",
         gateway_node: bool = False,
@@ -190,6 +211,7 @@ class Firewall:
         self.vxlan_port = vxlan_port
         self.allowed = [str(n) for n in allowed]
         self.host_uids = list(host_uids) if host_uids is not None else [0]
+        self.other_vxlan_ports = other_vxlan_ports
         self.egress_gateway = egress_gateway
         self.underlay_interface = underlay_interface
         self.gateway_node = gateway_node
@@ -215,6 +237,7 @@ class Firewall:
                 sorted(set(vteps)),
                 ports,
                 self.host_uids,
+                self.other_vxlan_ports,
                 self.egress_gateway,
                 self.underlay_interface,
                 self.gateway_node,

@@ -67,7 +67,7 @@ class Histogram:
 
 
 def start_metrics(listen: str, agent: Agent) -> None:
-    host, _, port = listen.rpartition(":")
+    host, _sep, port = listen.rpartition(":")
     registry = CollectorRegistry()
     collector: Collector = AgentCollector(agent)
     registry.register(collector)

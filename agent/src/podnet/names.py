@@ -138,5 +138,5 @@ class Keys:
 def block_from_key(key: str) -> str:
     """`.../blocks/198.18.0.0-26` -> `198.18.0.0/26`."""
     last = key.rsplit("/", 1)[-1]
-    net, _, plen = last.rpartition("-")
+    net, _sep, plen = last.rpartition("-")
     return f"{net}/{plen}"

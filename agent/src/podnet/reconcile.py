@@ -183,7 +183,7 @@ class Reconciler:
 
     def gc_records(self, live: set[int]) -> list[int]:
         """Release etcd records of jobs Slurm no longer knows (nodes that died)."""
-        kvs, _ = self.etcd.get_prefix(self.keys.prefix("jobs"))
+        kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
         out = []
         for kv in kvs:
             job = Job.from_json(kv.json(), kv.mod_revision)

@@ -335,7 +335,7 @@ class Server:
             raise RuntimeError("bind() first")
         while not self.stopping.is_set():
             try:
-                conn, _ = self.sock.accept()
+                conn = self.sock.accept()[0]
             except OSError:
                 if self.stopping.is_set():
                     return

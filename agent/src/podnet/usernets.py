@@ -69,7 +69,7 @@ class UserNetworks:
 
     def vteps_of(self, vni: int) -> list[str]:
         """Underlay addresses of the nodes with a pod of this VNI (this one included)."""
-        kvs, _ = self.etcd.get_prefix(self.keys.prefix(f"vteps/{vni}"))
+        kvs = self.etcd.get_prefix(self.keys.prefix(f"vteps/{vni}"))[0]
         return sorted({str(kv.json()["ip"]) for kv in kvs})
 
     def ensure(self, user: str, uid: int) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from fake_etcd import FakeEtcd
 from podnet import firewall
 from podnet.agent import Agent
 from podnet.alloc import Allocator, Job
-from podnet.config import ClusterConfig, NodeConfig
+from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.etcd_sync import EtcdSync
 from podnet.ipam import Ipam
 from podnet.names import Keys
@@ -350,7 +350,8 @@ def test_ruleset_keeps_the_isolation_rules() -> None:
     out = text[text.index("chain output {", text.index("table inet podnet")) :]
     out = out[: out.index("}")]
     # user sockets never send VXLAN; hosts reach pods only as replies or as system uids
-    assert "udp dport @vxlan_ports meta skuid" in out and "drop" in out
+    assert "udp dport @vxlan_ports meta mark & 0x504e0000 != 0x504e0000 meta skuid" in out
+    assert 'udp dport @vxlan_ports meta oifkind "vxlan" meta skuid' in out
     assert "ip daddr 198.18.0.0/15 ct state established,related accept" in out
     assert "meta skuid @host_uids accept" in out
     assert out.rstrip().splitlines()[-1].strip().endswith("drop")
@@ -371,3 +372,29 @@ def test_ruleset_is_valid_nftables(tmp_path: Path) -> None:
     if r.returncode != 0 and "Operation not permitted" in r.stderr:
         pytest.skip("nft -c needs CAP_NET_ADMIN")
     assert r.returncode == 0, r.stderr
+
+
+def test_other_vxlan_ports_are_guarded_like_podnets() -> None:
+    """Flannel's port (roles/flannel): received from registered VTEPs only, never sent by a
+    user socket or a pod; the cluster configuration sets the list, 8472 by default."""
+    default = _rules()
+    assert "set vxlan_ports { type inet_service; elements = { 4789, 8472 } }" in default
+    inp = default[default.index("chain input {", default.index("table inet podnet")) :]
+    assert "udp dport @vxlan_ports ip saddr != @vteps drop" in inp[: inp.index("}")]
+    assert 'meta iifkind "vxlan" udp dport @vxlan_ports drop' in inp[: inp.index("}")]
+    text = firewall.ruleset("198.18.0.0/15", 4789, [], [], [], [0], other_vxlan_ports=[9000])
+    assert "elements = { 4789, 9000 }" in text
+    assert "elements = { 4789 }" in firewall.ruleset(
+        "198.18.0.0/15", 4789, [], [], [], [0], other_vxlan_ports=[]
+    )
+    base = {"pod_cidr": "198.18.0.0/15", "block_prefix": 26, "zone": "lab"}
+    assert ClusterConfig.from_dict(base).other_vxlan_ports == [8472]
+    assert ClusterConfig.from_dict(
+        {**base, "other_vxlan_ports": [8472, 8473]}
+    ).other_vxlan_ports == [
+        8472,
+        8473,
+    ]
+    for bad in ("8472", [0], ["x"]):
+        with pytest.raises(ConfigError):
+            ClusterConfig.from_dict({**base, "other_vxlan_ports": bad})

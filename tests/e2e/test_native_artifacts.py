@@ -1,0 +1,45 @@
+"""The native binaries are built once per platform on the controller (`make artifacts`:
+agent/native/build-artifact.sh on the lab's node image) and copied to the nodes: no node
+builds anything, and each runs exactly the binaries of the artifact (issue 14)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from conftest import REPO, ssh
+
+ARTIFACTS = os.environ.get("PODNET_WHEELHOUSE_DIR", str(REPO / "build/artifacts"))
+INSTALLED = {
+    "podnet_spank.so": "/usr/local/lib/podnet/podnet_spank.so",
+    "podnet-init": "/usr/local/lib/podnet/podnet-init",
+    "podnet-image-exec": "/usr/local/lib/podnet/podnet-image-exec",
+    "pam_podnet.so": "/usr/local/lib/security/pam_podnet.so",
+}
+
+
+def _artifact_sums(node: str) -> dict[str, str]:
+    release = ssh(node, ". /etc/os-release; echo $VERSION_CODENAME").stdout.strip()
+    arch = ssh(node, "dpkg --print-architecture").stdout.strip()
+    slurm = ssh(node, "sinfo --version").stdout.split()[1].rsplit(".", 1)[0]
+    found = sorted(
+        p for p in Path(ARTIFACTS).glob(f"podnet-native-*-{release}-{arch}-slurm{slurm}")
+    )
+    assert found, f"no native artifact for {release}-{arch}-slurm{slurm} in {ARTIFACTS}"
+    sums = {}
+    for line in (found[-1] / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        sums[name] = digest
+    return sums
+
+
+def test_nodes_run_the_prebuilt_binaries_and_build_nothing() -> None:
+    for node in ("c1", "c2", "login"):
+        sums = _artifact_sums(node)
+        r = ssh(node, "sha256sum " + " ".join(INSTALLED.values()))
+        installed = {path: digest for digest, path in (ln.split() for ln in r.stdout.splitlines())}
+        for name, path in INSTALLED.items():
+            assert installed[path] == sums[name], (node, name)
+        # no build directory: the roles copied binaries, they compiled nothing here
+        r = ssh(node, "ls /usr/local/src/podnet 2>/dev/null | wc -l")
+        assert r.stdout.strip() == "0", (node, r.stdout)

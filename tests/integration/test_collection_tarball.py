@@ -1,0 +1,107 @@
+"""The collection as a site gets it (issue 14): the tarball holds what a site needs and
+nothing of the lab, the tests or a developer's checkout, installs with ansible-galaxy,
+and its playbooks parse from the installed copy alone. (The molecule lab deploys the
+whole stack from the same installed tarball: `make test-molecule`.)"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def _build(tmp: Path) -> Path:
+    src = tmp / "src"
+    # a developer's checkout: caches and build products beside the sources
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns("build", ".venv", ".git", "tests/output"),
+        symlinks=True,
+    )
+    for junk in (".pytest_cache", ".mypy_cache", ".ruff_cache", "agent/src/podnet.egg-info"):
+        (src / junk).mkdir(parents=True, exist_ok=True)
+        (src / junk / "x").write_text("x")
+    (src / "agent/native/podnet_spank.so").write_bytes(b"\0")
+    out = tmp / "dist"
+    subprocess.run(
+        [BIN / "ansible-galaxy", "collection", "build", "--output-path", out, src],
+        check=True,
+        capture_output=True,
+    )
+    (tarball,) = out.glob("hpc-podnet-*.tar.gz")
+    return tarball
+
+
+def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> None:
+    tarball = _build(tmp_path)
+    with tarfile.open(tarball) as tf:
+        names = {m.name.rstrip("/") for m in tf.getmembers()}
+    top = {n.split("/")[0] for n in names}
+    assert top <= {
+        "MANIFEST.json",
+        "FILES.json",
+        "README.md",
+        "LICENSE",
+        "LICENSES",
+        "CHANGELOG.md",
+        "meta",
+        "roles",
+        "plugins",
+        "playbooks",
+        "docs",
+        "inventories",
+        "agent",
+    }, sorted(top)
+    for gone in ("tests", "inventories/lab", "agent/native/tests", "agent/native/fuzz"):
+        assert not any(n == gone or n.startswith(gone + "/") for n in names), gone
+    for junk in (".pytest_cache", ".mypy_cache", ".ruff_cache", "egg-info", ".so", "__pycache__"):
+        assert not any(junk in n for n in names), junk
+    # what the roles build on the nodes from agent/native is there
+    for role, var in (("spank", "spank_native_files"), ("sshd_hooks", "sshd_hooks_native_files")):
+        files = yaml.safe_load((ROOT / f"roles/{role}/vars/main.yml").read_text())[var]
+        missing = [f for f in files if f"agent/native/{f}" not in names]
+        assert not missing, (role, missing)
+    assert "agent/pyproject.toml" in names and "agent/src/podnet/agent.py" in names
+    assert "playbooks/site.yml" in names and "inventories/sample/hosts.yml" in names
+    assert {"LICENSE", "LICENSES/Apache-2.0.txt", "LICENSES/GPL-3.0-or-later.txt"} <= names
+    print(f"tarball: {len(names)} entries, {tarball.stat().st_size} bytes")
+
+
+def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
+    tarball = _build(tmp_path)
+    dest = tmp_path / "collections"
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(dest),
+        "ANSIBLE_ROLES_PATH": str(tmp_path / "none"),
+    }
+    # from outside the checkout: its ansible.cfg finds the in-place collection
+    # (build/collections), and galaxy would then call the tarball "already installed"
+    subprocess.run(
+        [BIN / "ansible-galaxy", "collection", "install", "--no-deps", "-p", dest, tarball],
+        check=True,
+        capture_output=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert (dest / "ansible_collections/hpc/podnet/MANIFEST.json").is_file()
+    inv = dest / "ansible_collections/hpc/podnet/inventories/sample/hosts.yml"
+    for pb in ("hpc.podnet.site", "hpc.podnet.podnet"):
+        r = subprocess.run(
+            [BIN / "ansible-playbook", "-i", inv, "--syntax-check", pb],
+            env=env,
+            cwd=tmp_path,  # not the checkout: its ansible.cfg points at build/collections
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert r.returncode == 0, r.stdout + r.stderr
