@@ -49,7 +49,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def _target(text: str) -> tuple[str, int]:
     """`<job>[/pod<n>]` -> (job, n): a job id or one of your job names."""
-    job, _, pod = text.partition("/")
+    job, _sep, pod = text.partition("/")
     if not pod:
         return job, 0
     if not pod.startswith("pod") or not pod[3:].isdigit():

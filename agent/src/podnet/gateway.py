@@ -76,7 +76,7 @@ class GatewayConfig:
         if not isinstance(ifname, str) or not 0 < len(ifname) <= 15 or '"' in ifname:
             raise ConfigError(f"{path}: 'external_interface' is not an interface name")
         ports = str(d.get("ports", "20000-20999"))
-        lo, _, hi = ports.partition("-")
+        lo, _sep, hi = ports.partition("-")
         if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) < 65536):
             raise ConfigError(f"{path}: 'ports' must be lo-hi, got {ports!r}")
         return cls(ifname, ip, ports)

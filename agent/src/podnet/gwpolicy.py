@@ -78,7 +78,7 @@ def parse_ports(v: Any, where: str) -> tuple[tuple[int, int], ...]:
     out: list[tuple[int, int]] = []
     for raw in v.split(","):
         part = raw.strip()
-        lo_s, _, hi_s = part.partition("-")
+        lo_s, _sep, hi_s = part.partition("-")
         try:
             lo, hi = int(lo_s), int(hi_s or lo_s)
         except ValueError:
@@ -182,10 +182,10 @@ def evaluate(c: Compiled, vni: int, daddr: str, proto: int, port: int) -> str:
             net, pr, pt = e.split(" . ")
             if ipaddress.IPv4Address(daddr) not in ipaddress.IPv4Network(net):
                 continue
-            lo, _, hi = pr.partition("-")
+            lo, _sep, hi = pr.partition("-")
             if not int(lo) <= proto <= int(hi or lo):
                 continue
-            lo, _, hi = pt.partition("-")
+            lo, _sep, hi = pt.partition("-")
             if int(lo) <= port <= int(hi or lo):
                 return True
         return False

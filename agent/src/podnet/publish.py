@@ -40,7 +40,7 @@ def gateway_config(etcd: Etcd, keys: Keys) -> tuple[str, int, int]:
     d = _get_json(etcd, keys.root + "gateway/config")
     if not isinstance(d, dict) or "external_ip" not in d:
         raise PublishError("EUNAVAIL", "this cluster has no gateway (hpc.podnet.gateway)")
-    lo_s, _, hi_s = str(d.get("ports", "20000-20999")).partition("-")
+    lo_s, _sep, hi_s = str(d.get("ports", "20000-20999")).partition("-")
     return str(d["external_ip"]), int(lo_s), int(hi_s or lo_s)
 
 
