@@ -33,7 +33,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts clean
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -154,6 +154,11 @@ test-molecule: deps artifacts collection-tarball
 	       sed 's/\x1b\[[0-9;]*m//g' $(ROOT)/build/molecule-lab/molecule.log \
 	         | grep -E -A25 '(fatal|failed): \[|CRITICAL|ERROR ' | tail -n 150; \
 	       cat $(ROOT)/tests/output/e2e-failures-pnmol.txt 2>/dev/null; exit 1; }
+
+# Day-2 playbooks (backup, restore, reset, remove_node, upgrade) with a job's TCP ping loop
+# and an SSH session running: its own lab pnd2ci (ctl login c1 c2 c3), down afterwards.
+test-day2: deps artifacts
+	$(call LOCKED,day2-lab) $(ROOT)/tests/day2/run.sh
 
 test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
 
