@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # All static checks (make lint): yamllint, ansible-lint (production), ruff, mypy,
 # antsibull-docs' docs linter, ansible-test sanity on what the collection ships (empty
 # ignore files), shellcheck.

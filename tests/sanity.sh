@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # ansible-test sanity on a clean copy of the collection (ansible-test needs the
 # ansible_collections/<ns>/<name> layout). Ignore files stay empty: fix, never ignore.
 set -euo pipefail

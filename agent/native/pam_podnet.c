@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * pam_podnet.so - PAM module that puts an SSH session in the user's pod.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet-image-exec - runs a Slurm task in a container image with Apptainer.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_init.c - PID 1 of a pod's PID namespace (podnet-init).
  *

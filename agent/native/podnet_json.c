@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_json.c - see podnet_json.h: the JSON string escaper, the request
  * builder and the reply parser (pure functions over caller buffers; no I/O).

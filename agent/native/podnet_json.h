@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_json.h - the podnetd wire format (docs/api.md) on the client side:
  * the JSON string escaper, the request builder and the reply parser.

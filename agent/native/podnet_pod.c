@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_pod.c - see podnet_pod.h: entering a pod once podnetd named it
  * (the netns file check, the pod's private mounts: resolver and sysfs).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_pod.h - entering a pod that podnetd named: the netns file check
  * (before setns) and the pod's private mounts (after setns). Used as root by

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_session.c - see podnet_session.h. Used by pam_podnet.so; unit
  * tests: tests/test_session.c.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_session.h - what pam_podnet.so needs besides the podnetd client:
  * /etc/podnet/session.conf, the admin-group check, and the podnetd request

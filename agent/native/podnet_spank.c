@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_spank.c - SPANK plugin: every Slurm job gets a network pod per node.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_transport.c - see podnet_transport.h: one request/reply exchange
  * with podnetd over its UNIX socket, bounded by a deadline.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_transport.h - one exchange with podnetd over its UNIX socket:
  * connect, send one request line (podnet_json.h builds it), read one reply

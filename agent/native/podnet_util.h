@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_util.h - internal helper of the podnetd client (podnet_json.c,
  * podnet_transport.c, podnet_pod.c). Not an API: nothing outside the client

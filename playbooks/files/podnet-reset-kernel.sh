@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Remove podnet's kernel state on this node (playbooks/reset.yml): pod network namespaces,
 # the pods' PID 1 (podnet-init, which ends every process of the pod), PID namespace
 # files, podnet's links (pnbr<vni>, pnvx<vni>, pnv<hex>), its nftables tables and the

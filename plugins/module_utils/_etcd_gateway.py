@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Copyright (c) podnet developers
 # Apache License 2.0 (see galaxy.yml)
 """Minimal client for etcd's v3 JSON gateway (grpc-gateway), for hpc.podnet modules.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A podnet cluster on one machine: real etcd, "nodes" as network namespaces, one podnetd each.
 
 Host side (all names start with `pat`, nothing else is touched):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Authorization from SO_PEERCRED, login pods and their session lifetime."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real CoreDNS (the slim build from `make artifacts`) answers what the agents wrote."""
 
 from __future__ import annotations

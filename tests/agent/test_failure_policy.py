@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The cluster's failure_policy when etcd is unreachable, against a real etcd that is
 stopped and started again: `fail` answers EUNAVAIL at once, `retry` keeps the request
 until etcd is back (within failure_retry_seconds) and then makes the pod."""

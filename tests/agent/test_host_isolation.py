@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host-side processes (issue 8, points 3 and 6): a user's process on a node's own
 network reaches no pod and emits no VXLAN; system identities (root) still reach pods;
 podnet's host-side links carry no address (IPv4 or IPv6), also after an upgrade."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Different users' pods cannot exchange a single packet; pods and hosts reach each other."""
 
 from __future__ import annotations

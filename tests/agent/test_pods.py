@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Job pods on several nodes: addresses, reachability, names, isolation, teardown."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Concurrency, kill -9 at random points, GC of vanished jobs."""
 
 from __future__ import annotations

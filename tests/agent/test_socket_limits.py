@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The agent socket cannot be held: per-uid bound, root's slots, whole-request deadline.
 
 Door 4 of issue 8: a user opened 300 connections and wrote a newline every 4 s; 256 stayed

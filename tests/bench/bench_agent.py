@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`make bench-agent`: podnetd against the CNI bridge plugin, on a real etcd and real netns.
 
 Prints one `NAME VALUE UNIT` line per figure (names from issue 3, docs/bench.md) and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`make bench-cni`: container network setup through CNI, the Flannel chain (issue 10).
 
 What Apptainer runs for `--net --network flannel`: the Flannel CNI plugin (the artifact of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnet's cost on a real Slurm job launch, on a lab deployed by site.yml.
 
 `make bench-e2e` (lab from `make lab`, or PODNET_E2E_LAB). Prints `NAME VALUE UNIT` lines and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gateway benchmark (issue 11; `make bench-gateway`). Prints `NAME VALUE UNIT` lines.
 
 * policy_apply_ms_users1000 ms: 1000 users x 10 egress rules and 1000 pods, one user's

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Time to set up one job of 100, 400 and 1000 nodes, the way the pcocc paper measures it.
 
 Every simulated node is a process of its own (`PODNET_SCALE_NODES_PER_PROC` = 1), like the

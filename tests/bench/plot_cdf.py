@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The CDF of pod setup latency, podnet against the CNI bridge plugin, from `make bench-agent`.
 
     plot_cdf.py [build/bench/agent.json] [-o docs/img/pod-setup-cdf.svg]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Two small SVG charts for the benchmarks (no plotting library in the tool chain).
 
 `xy_chart`: lines with an optional min/max band and single reference points (the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Day-2 playbooks on a lab with jobs running (make test-day2: lab pnd2ci, c3 the node the
 tests reset and remove). PODNET_DAY2_LAB names the lab (deployed with site.yml)."""
 

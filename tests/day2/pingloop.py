@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A TCP ping loop between two pods of a job (tests/day2): `server PORT` echoes lines;
 `client HOST PORT LOG` sends one every 0.2 s on one connection and logs each attempt
 (`<time> ok`, `<time> connect`, `<time> fail <error>`; reconnects after a failure)."""

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # make test-day2: a lab of its own (LAB_NAME pnd2ci, spare node c3), site.yml, the day-2
 # tests (tests/day2), the lab down again. PODNET_DAY2_KEEP=1 keeps the lab up afterwards.
 set -euo pipefail

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Day-2 playbooks with a job and an SSH session running (docs/admin-guide.md "Day 2").
 
 One module, tests in order on one lab (make test-day2): alice's 2-node job on c1,c2 runs a

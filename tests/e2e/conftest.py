@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """End-to-end tests on a lab deployed by playbooks/site.yml (tests/lab/lab.sh).
 
 PODNET_E2E_LAB names the lab (default pnlab, i.e. `make lab`); the molecule scenario runs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The apptainer role (roles/apptainer): a user builds a SIF from a directory and runs
 it in a job, with and without --fakeroot, in the job's pod network namespace."""
 

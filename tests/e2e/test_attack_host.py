@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Attacks from the nodes' host networks (issue 8, points 3, 5, 6).
 
 * A user's process on a node's host network (an opt-out step `srun --podnet=no`, like

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Attack: a user holds podnetd's socket from their login pod (issue 8, door 4).
 
 alice opens 300 connections to /run/podnet/podnetd.sock from her login pod and writes a

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SSH side doors (issue 8): nothing a captured user does over SSH leaves from the host.
 
 As alice (jobs on c1, c2) and carol (no job): TCP forwards (-L, -R, -D, -W), a

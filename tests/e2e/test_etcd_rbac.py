@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Least privilege in etcd on the lab (issue 8): where each certificate is, what etcd knows.
 
 - every podnetd node holds only its own key (`podnetd-<node>`, common name to match) and

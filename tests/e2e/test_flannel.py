@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Flannel for HPK-style containers (roles/flannel, docs/hpk.md), next to podnet.
 
 * flanneld runs on compute and login nodes with one subnet lease each, in etcd under its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gateways (issue 11, docs/gateway.md): egress under the global and per-user policy,
 published ports reached from `ext`, nothing else reached from outside, hairpin dropped,
 a rule change applied to established flows, failover with established TCP kept.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Steps in container images (`--podnet-image`, issue 9): the task runs in the image with
 Apptainer inside the job's pod (same network and PID namespaces, same uid), from a SIF
 file or an image directory, in `srun` steps and in batch scripts (`#SBATCH`), MPI with

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Slurm jobs in pods: addresses, names, reachability, isolation, MPI, cleanup."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The native binaries are built once per platform on the controller (`make artifacts`:
 agent/native/build-artifact.sh on the lab's node image) and copied to the nodes: no node
 builds anything, and each runs exactly the binaries of the artifact (issue 14)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pods are PID namespaces too: PID 1 is podnet-init, a step sees its job's processes only.
 
 alice runs a 2-node batch job (`sleep 600` on c1, the batch host) and a second job on

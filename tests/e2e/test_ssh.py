@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """SSH sessions: login pods, joining job pods, refusals, admins never captured."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A real 3-member etcd cluster on loopback with TLS and client-cert auth, for module tests.
 
 Uses etcd 3.5 (trixie's, unpacked by `make artifacts`; what the lab and sites run) when it

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The 3-member etcd proof on a lab of its own: converge, idempotence, check mode, shrink to
 # one member and grow back, a member removed with etcd_member and re-added by the role while
 # data stays readable, and a configuration change restarting members one at a time.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The collection as a site gets it (issue 14): the tarball holds what a site needs and
 nothing of the lab, the tests or a developer's checkout, installs with ansible-galaxy,
 and its playbooks parse from the installed copy alone. (The molecule lab deploys the

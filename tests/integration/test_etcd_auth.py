@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hpc.podnet.etcd_auth as real Ansible against a real 3-member TLS etcd (3.5 when available).
 
 The tests run in order on one cluster (module-scoped fixture): roles and users in check

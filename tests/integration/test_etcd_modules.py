@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hpc.podnet.etcd_key and etcd_member run as real Ansible against a real 3-member etcd (TLS)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hpc.podnet.etcd on a real 3-node lab (systemd-nspawn, Debian trixie, etcd 3.5).
 
 Needs a lab with three etcd nodes; give its inventory in PODNET_ETCD_LAB_INVENTORY:

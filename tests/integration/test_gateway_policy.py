@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """hpc.podnet.gateway_policy as real Ansible against the real 3-member etcd (TLS):
 validation, idempotence, check and diff mode, per-user keys removed when exclusive."""
 

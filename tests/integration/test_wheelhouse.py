@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The wheelhouse `make artifacts` builds installs offline on every supported node Python:
 Debian 12's 3.11 here (the host's own /usr/bin/python3; the lab's trixie nodes install it on
 3.13 in every deploy), with nothing but the wheelhouse (pip --no-index)."""

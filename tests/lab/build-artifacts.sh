@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build the binaries podnet deploys that the OS does not ship, the air-gapped
 # way (from the Go module proxy, or an already filled module cache), into
 # $PODNET_CACHE_DIR/artifacts/<name>-<version>-linux-amd64 (+ .sha256): the

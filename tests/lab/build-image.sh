@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build the lab node image: a Debian trixie rootfs (debootstrap minbase) with
 # every package of packages.txt preinstalled (nodes have no internet), the lab
 # users, sshd settings and the daemons the roles configure left disabled.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The podnet agent and its dependencies as wheels for every Python of the supported node
 # platforms (Debian 12: CPython 3.11, Debian 13: CPython 3.13; x86_64; pip on the node
 # picks the wheels of its own Python), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/ (the

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # podnet lab cluster: systemd-nspawn nodes booted from one Debian trixie image,
 # on a private host bridge, reachable over SSH. See docs/lab.md.
 #

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Checks the slim CoreDNS artifact against a real etcd, on loopback only:
 # podnet-style SkyDNS records (A, multi-A for a job name, PTR), health, ready
 # and Prometheus metrics. Builds the artifact first if needed.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Proves the lab host's nftables table (lab.sh ruleset) on a throwaway copy of
 # the lab topology, entirely inside network namespaces this script creates:
 #

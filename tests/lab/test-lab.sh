@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Self-test of the lab harness on a throwaway lab of its own (never pnlab):
 # up, SSH as root and as the lab users, per-node identity, idempotent re-up,
 # recovery from a SIGKILLed nspawn, and a down that leaves nothing behind.

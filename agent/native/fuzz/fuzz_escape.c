@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_escape.c - fuzz target for pn_json_escape and the request builder
  * (podnet_json.c): what the SPANK plugin and pam_podnet.so send podnetd,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_ref.h - reference checks for the fuzz harnesses, written apart from
  * podnet_json.c (from the Unicode standard's table of well-formed UTF-8 byte

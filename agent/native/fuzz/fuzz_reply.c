@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_reply.c - fuzz target for pn_parse_reply (podnet_json.c), the code
  * that reads podnetd's answers inside slurmstepd and sshd's monitor.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * standalone.c - a main() for the fuzz targets where libFuzzer is missing
  * (no clang): the Makefile builds fuzz_<target>.c with this file under

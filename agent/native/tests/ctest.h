@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * ctest.h - the little harness of the C unit tests (tests/test_*.c): CHECK
  * prints TAP-like "ok N - ..." / "not ok N - ..." lines, REQ lines carry

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * json_filter - podnet_json.c as a filter, for the differential tests in
  * tests/unit/c/test_native.py (Python's json module is the reference).

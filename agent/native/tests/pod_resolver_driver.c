@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Driver for tests/unit/c/test_pod_resolver.py: run as root in a fresh network namespace and
  * a private mount namespace (unshare -m -n). Puts a tmpfs on /etc holding a
  * node resolv.conf and a pod one, calls pn_enter_pod_resolver(argv[1]) and

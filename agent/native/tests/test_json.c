@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of podnet_json.c: the JSON escaper, the request builder, the
  * reply parser (well-formed and malformed replies) and pn_parse_uint.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of podnet_pod.c that need no privilege: the netns path checks of
  * pn_open_netns and the name check of pn_enter_pod_resolver (done before any

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of podnet_session.c (pam_podnet.so): the session.conf parser,
  * the request for this node's mode, the outcome of podnetd's answers (with a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of podnet_transport.c: pn_call against a fake podnetd (tests/
  * ctest.c) that answers, answers slowly, hangs up, floods, stays silent or

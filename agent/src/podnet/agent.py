@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node agent: the operations the socket server calls, on top of rooms that each own
 one thing (built by `start`, injected into each other, testable alone):
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Allocation in etcd: user VNIs, node address blocks, job and login IPs, DNS records.
 
 Every allocation is one etcd transaction guarded by `create_revision == 0` on the keys it

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """`podnet`: pods, status and health of this node's podnet."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A small client of the podnetd socket (used by the CLI and the tests)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Node configuration (YAML file) and cluster configuration (etcd key `config`).
 
 Everything is validated up front; a problem raises ConfigError with a one-line message

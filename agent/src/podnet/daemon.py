@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnetd: the node agent's entry point (systemd service `podnetd`)."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel side of pods: per-user bridge + VXLAN, pod netns + veth, routes, FDB.
 
 Everything goes through one rtnetlink socket in the daemon's netns (`nl.Netlink`) and,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Pods' way out: a policy route on nodes with pods (docs/gateway.md).
 
 Traffic from the pod CIDR keeps every specific route of the main table (cluster

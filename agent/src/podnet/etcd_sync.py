@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The etcd sync loop: one place where the cluster's state in etcd becomes this node's
 routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network loop).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """nftables rules of a node: static chains that look up sets; per-pod state as set elements.
 
 Two tables, owned by podnetd alone (docs/agent.md explains every rule):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnet-gatewayd: the gateway's nftables table from etcd (docs/gateway.md).
 
 Runs on the nodes of the `gateway` group next to podnetd (which routes the pod address

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gateway policy: the format kept in etcd, its validation, and its compilation into
 nftables set elements (docs/gateway.md).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Address management: per-node blocks of the pod CIDR, and an in-memory view of used IPs.
 
 The view is fed by etcd (initial list + watch) and by the agent's own writes. It only

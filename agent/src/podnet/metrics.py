@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Optional Prometheus endpoint: pods, users, setup latency, etcd errors."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Names: DNS-safe labels, netns and link names, etcd and SkyDNS keys."""
 
 from __future__ import annotations

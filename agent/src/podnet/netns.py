@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Network namespaces without forking: unshare in the calling thread, bind-mount, setns back.
 
 A network namespace change with unshare(2)/setns(2) affects only the calling thread, so

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Minimal rtnetlink client: batches of requests in one send, no fork, no event loop.
 
 pyroute2's message classes encode and decode; this module owns the socket so that a

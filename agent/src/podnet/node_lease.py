@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """This node in etcd: its record (`nodes/<node>`: underlay address, roles) and its lease,
 which carries the node's liveness key and its login pods' records.
 

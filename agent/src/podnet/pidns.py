@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A pod's PID namespace: PID 1 is podnet-init, kept for as long as the pod.
 
 `podnet-init NAME` (agent/native/podnet_init.c) unshares a PID namespace and forks its

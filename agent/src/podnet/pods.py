@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The node's pods: what a pod is, the table of this node's pods, and wiring one into the
 kernel (data plane + firewall) and out again.
 

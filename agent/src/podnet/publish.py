@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Published ports (`podnet publish`): records in etcd that the gateways turn into DNAT.
 
 `gateway/published/<external port>` = `{"user", "uid", "job_id", "pod", "ip", "port"}`

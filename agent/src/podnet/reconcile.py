@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Kernel state against etcd: adopt at start, collect garbage while running.
 
 At start (`reconcile`), every pod netns left by an earlier podnetd is adopted if etcd

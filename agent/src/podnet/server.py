@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The UNIX socket API (docs/api.md): JSON lines, authorization from SO_PEERCRED only.
 
 Each connection gets a thread. Admission (`Admission`) bounds them: `max_connections` in

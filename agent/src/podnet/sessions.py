@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Login sessions: which processes hold each user's login pod on this node.
 
 `pam_podnet.so` registers the sshd session process of every login (`login_acquire` with

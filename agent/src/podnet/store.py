@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """etcd v3 through its JSON gateway, with the few primitives podnet needs.
 
 Transactions, leases and watches are written against the v3 JSON API (the same on etcd

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Per-user networks on this node: the user's VNI, bridge and VXLAN device, and this node's
 VTEP registration in etcd, from the user's first pod here until `user_net_linger` seconds
 after their last one.

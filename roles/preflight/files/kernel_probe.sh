@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # podnet preflight: probe kernel features in a throwaway network namespace.
 # Usage: kernel_probe.sh FEATURE...   (veth, bridge, vxlan, nf_tables)
 # Prints one line per feature: "<feature> ok" or "<feature> missing <why>".

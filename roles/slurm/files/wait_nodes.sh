@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # podnet slurm role: wait until the given Slurm nodes are usable.
 # Usage: wait_nodes.sh TIMEOUT_SECONDS NODE...
 # A node that is DOWN (and responding) because it rebooted or stopped responding

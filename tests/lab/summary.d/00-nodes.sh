@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # lab.sh summary: which podnet-stack services run on each node.
 set -uo pipefail
 for n in $LAB_NODES; do

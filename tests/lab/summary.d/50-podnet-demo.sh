@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # lab.sh summary: podnet demo. alice runs a 2-node job; its pods, IPs and names; bob's
 # pod on the same nodes cannot reach them, alice's pods reach each other by name.
 set -uo pipefail

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The C component, agent/native, built once per session by its own Makefile into a
 temporary directory (O=...): its unit test programs and drivers, under AddressSanitizer/
 UBSan when the compiler has them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Helpers of tests/unit/c: where agent/native is, make -C there, the compiler and
 whether the sanitizers work here (a module of its own: test modules import it, never
 conftest.py)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A short run of agent/native's fuzz targets (make fuzz), so that CI exercises them:
 fuzz_reply (pn_parse_reply) and fuzz_escape (pn_json_escape, the request builder, the
 escape/parse round trip), FUZZ_SECONDS each, both at once. libFuzzer when clang has it,

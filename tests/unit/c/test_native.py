@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """agent/native, the C side of podnet (SPANK plugin, pam_podnet.so, the podnetd client).
 
 * runs its unit test programs, one per file (tests/test_json.c: escaper, request

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnet-init (agent/native/podnet_init.c) with podnetd's side (podnet.pidns), for real:
 a PID namespace whose PID 1 is the init, pinned on a file, orphans reaped, everything in
 it killed when the pod goes, and a recycled PID never signalled."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pn_enter_pod_resolver (agent/native/podnet_pod.c), used by the SPANK plugin and
 pam_podnet.so: a task entering a pod gets the pod's resolv.conf and its own /sys (only
 the pod's interfaces in /sys/class/net; the cgroup tree kept). The driver is

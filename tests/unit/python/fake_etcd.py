@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """An in-memory etcd with the v3 JSON gateway's transaction semantics (unit tests only).
 
 It implements what `podnet.store.Etcd` offers the allocator: get, get_prefix, txn

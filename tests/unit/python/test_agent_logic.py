@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnetd's logic without a kernel or etcd: names, IPAM, config, request authorization,
 socket admission, the CLI's arguments, the metrics histogram (`make unit`, no root)."""
 

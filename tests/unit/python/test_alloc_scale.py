@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The large-job path of the allocator: the first node allocates with one transaction and
 no read, the others wait for its record with one read and a watch (`Etcd.get_or_wait`),
 and fall back to allocating themselves (`make unit`). The last test runs

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Address blocks claimed in a transaction that loses a race (`make unit`).
 
 Both nodes of a 2-node job allocate it at once and both pick the same new block for the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Gateway policy: validation, compilation into nftables set elements, evaluation order,
 the gateway table's text, and publications (podnet publish) against the fake etcd."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Netlink messages podnet encodes by hand are byte for byte what pyroute2 encodes."""
 
 from __future__ import annotations

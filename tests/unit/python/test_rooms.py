@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """podnetd's rooms alone, with fakes for the kernel and etcd (`make unit`, no root): user
 networks and their linger, login sessions, the sync queue, the pod table, the failure
 policy, the job source parser and the nftables ruleset's security rules. The same rooms

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The variables table of each role page (docs/roles/<role>.md), generated from the role's
 meta/argument_specs.yml (the one description of each variable, which Ansible checks at run
 time): `make role-docs` writes it, tests/unit/roles/test_role_docs.py checks it is current.

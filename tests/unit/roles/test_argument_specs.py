@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Every role's meta/argument_specs.yml is in sync with its defaults/main.yml.
 
 Same option names, and each default in the spec equals the default in defaults/main.yml

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Each role page lists every variable of the role as its argument spec describes it."""
 
 from __future__ import annotations
