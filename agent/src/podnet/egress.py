@@ -38,18 +38,13 @@ def ensure_egress_route(gateway: str, interface: str) -> None:
     )
     if r.returncode == 0 and "default" not in r.stdout:
         log.warning("egress route was gone (link down?): restored")
-        _ip(
-            "-4",
-            "route",
-            "replace",
-            "default",
-            "via",
-            gateway,
-            "dev",
-            interface,
-            "table",
-            str(EGRESS_TABLE),
-        )
+        _replace_default(gateway, interface)
+
+
+def _replace_default(gateway: str, interface: str) -> None:
+    """The default route of EGRESS_TABLE: via the gateways' cluster-side address."""
+    _ip("-4", "route", "replace", "default", "via", gateway, "dev", interface,
+        "table", str(EGRESS_TABLE))  # fmt: skip
 
 
 def set_egress_route(pod_cidr: str, gateway: str, interface: str) -> None:
@@ -60,18 +55,7 @@ def set_egress_route(pod_cidr: str, gateway: str, interface: str) -> None:
     _ip("-4", "route", "flush", "table", str(EGRESS_TABLE), check=False)
     if not gateway:
         return
-    _ip(
-        "-4",
-        "route",
-        "replace",
-        "default",
-        "via",
-        gateway,
-        "dev",
-        interface,
-        "table",
-        str(EGRESS_TABLE),
-    )
+    _replace_default(gateway, interface)
     _ip(
         "-4",
         "rule",
