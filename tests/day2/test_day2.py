@@ -11,121 +11,24 @@ the figures printed with -s and docs/admin-guide.md); the SSH session must still
 
 from __future__ import annotations
 
-import base64
-import itertools
 import subprocess
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import pytest
 from conftest import (
     CLUSTER,
     LAB,
     REPO,
     SPARE,
+    Workload,
     etcdctl,
     job_state,
-    lab_env,
     playbook,
     pods,
     recap,
     ssh,
     wait_for,
 )
-
-#: longest gap (s) between two answered pings that a playbook may cause (stated bound)
-LOSS_BOUND = 10.0
-PORT = 5555
-
-
-@dataclass
-class Workload:
-    job: int
-    ssh: subprocess.Popen[str]
-    ssh_log: Path
-    gaps: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def log(self) -> str:
-        return f"/tmp/day2loop-{self.job}.log"
-
-    def lines(self) -> list[tuple[float, str]]:
-        out = ssh("c1", f"cat {self.log}").stdout
-        res = []
-        for line in out.splitlines():
-            t, _, what = line.partition(" ")
-            res.append((float(t), what))
-        return res
-
-    def oks_since(self, t0: float) -> int:
-        return sum(1 for t, w in self.lines() if t >= t0 and w == "ok")
-
-    def check(self, what: str, t0: float) -> None:
-        """The loop answers again after `what` (started at t0), the longest gap between
-        answered pings since t0 is below LOSS_BOUND; the SSH session is alive."""
-        now = float(ssh("c1", "date +%s.%N").stdout)
-        wait_for(lambda: self.oks_since(now) >= 5, 60, 1)
-        oks = [t for t, w in self.lines() if t >= t0 - 1 and w == "ok"]
-        fails = [w for t, w in self.lines() if t >= t0 and w.startswith("fail")]
-        gap = max(b - a for a, b in itertools.pairwise(oks))
-        self.gaps[what] = gap
-        print(f"day2: {what}: longest gap {gap:.2f} s, {len(fails)} failed pings")
-        assert gap < LOSS_BOUND, (what, gap, fails[:5])
-        assert job_state(self.job) == "RUNNING"
-        assert self.ssh.poll() is None, "alice's SSH session ended"
-        before = self.ssh_log.stat().st_size
-        wait_for(lambda: self.ssh_log.stat().st_size > before, 10, 0.5)
-
-
-def copy_loop_script(node: str) -> None:
-    b64 = base64.b64encode((Path(__file__).parent / "pingloop.py").read_bytes()).decode()
-    ssh(node, f"echo {b64} | base64 -d > /tmp/day2loop.py && chmod 0644 /tmp/day2loop.py")
-
-
-@pytest.fixture(scope="module")
-def work() -> Iterator[Workload]:
-    for n in ("c1", "c2"):
-        copy_loop_script(n)
-    script = (
-        f"srun --overlap -N1 -n1 -w c2 python3 /tmp/day2loop.py server {PORT} & sleep 3; "
-        f"python3 /tmp/day2loop.py client pod1.$SLURM_JOB_ID.alice.{CLUSTER} {PORT} "
-        "/tmp/day2loop-$SLURM_JOB_ID.log"
-    )
-    out = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- sbatch --parsable -J day2 -w c1,c2 -N2 "
-        f"-o /tmp/day2-%j.out --wrap '{script}'",
-    ).stdout
-    job = int(out.strip().split(";")[0])
-    wait_for(lambda: job_state(job) == "RUNNING", 60)
-    log = REPO / "tests" / "output" / f"day2-{LAB}-ssh-session.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with log.open("w") as f:
-        sess = subprocess.Popen(
-            [
-                str(REPO / "tests/lab/lab.sh"),
-                "ssh",
-                "alice@login",
-                "ip -br -4 addr show eth0; while sleep 1; do date +%s; done",
-            ],
-            env=lab_env(),
-            stdout=f,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-    w = Workload(job, sess, log)
-    try:
-        wait_for(lambda: w.oks_since(0) >= 10, 90, 1)
-        assert "198.1" in log.read_text().split("\n")[0], log.read_text()[:300]
-        yield w
-    finally:
-        sess.kill()
-        sess.wait()
-        ssh("login", f"scancel {job}", check=False)
-        print(f"day2: longest gaps (s): {w.gaps}")
-
 
 BACKUP: dict[str, str] = {}
 
