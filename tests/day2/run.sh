@@ -10,7 +10,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 export LAB_NAME=${PODNET_DAY2_LAB:-pnd2ci}
-export LAB_SUBNET=${PODNET_DAY2_SUBNET:-203.0.113.32/27}
+# not in 203.0.113.0/25: that is the lab's Flannel network inside the nodes (upgrade.yml deploys it)
+export LAB_SUBNET=${PODNET_DAY2_SUBNET:-198.51.100.176/28}
 export LAB_NODES="ctl login c1 c2 c3"
 export PODNET_DAY2_LAB=$LAB_NAME
 LAB=$ROOT/tests/lab/lab.sh
