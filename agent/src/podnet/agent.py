@@ -96,7 +96,15 @@ class Agent:
                 f"etcd key {self.keys.config} is missing (the collection "
                 "writes it: hpc.podnet.agent)"
             )
-        return ClusterConfig.from_dict(data, f"etcd {self.keys.config}")
+        where = f"etcd {self.keys.config}"
+        if isinstance(data, dict) and (extra := ClusterConfig.unknown_settings(data)):
+            log.warning(
+                "%s: setting(s) %s are unknown to this podnetd (written by a newer podnet, "
+                "before this node's upgrade): ignored",
+                where,
+                ", ".join(extra),
+            )
+        return ClusterConfig.from_dict(data, where, strict=False)
 
     def start(self) -> None:
         cfg = self.cfg

@@ -274,13 +274,22 @@ class ClusterConfig:
         return self.underlay_mtu - 50
 
     @classmethod
-    def from_dict(cls, d: Any, where: str = "etcd config") -> ClusterConfig:
+    def unknown_settings(cls, d: dict[str, Any]) -> list[str]:
+        """Keys of `d` this version does not know (a newer podnet's settings, or typos)."""
+        return sorted(set(d) - set(cls.__dataclass_fields__))
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str = "etcd config", strict: bool = True) -> ClusterConfig:
+        """The cluster configuration from etcd's JSON. strict=False ignores settings this
+        version does not know: the configuration is shared by every node, and during a
+        rolling upgrade the newer podnet writes settings that the nodes not yet upgraded
+        must be able to start without (the caller warns)."""
         if not isinstance(d, dict):
             raise ConfigError(f"{where}: expected a JSON object")
-        known = set(cls.__dataclass_fields__)
-        extra = sorted(set(d) - known)
-        if extra:
+        extra = cls.unknown_settings(d)
+        if extra and strict:
             raise ConfigError(f"{where}: unknown setting(s): {', '.join(extra)}")
+        d = {k: v for k, v in d.items() if k not in extra}
         cidr = _net(_req(d, "pod_cidr", where), "pod_cidr", where)
         bp = _int(_req(d, "block_prefix", where), "block_prefix", where, 8, 30)
         if bp < cidr.prefixlen:

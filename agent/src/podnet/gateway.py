@@ -339,7 +339,7 @@ class Gateway:
         d = self.etcd.get_json(self.keys.config)
         if d is None:
             raise ConfigError(f"etcd key {self.keys.config} is missing")
-        return str(ClusterConfig.from_dict(d).pod_cidr)
+        return str(ClusterConfig.from_dict(d, strict=False).pod_cidr)
 
     def publish_config(self) -> None:
         self.etcd.put(

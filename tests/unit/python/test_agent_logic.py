@@ -120,6 +120,18 @@ def test_node_config_errors_are_one_clear_line(change: dict[str, Any], message: 
     assert "\n" not in str(e.value)
 
 
+def test_cluster_config_from_a_newer_podnet_is_read_without_its_new_settings() -> None:
+    """A node not yet upgraded starts with the configuration a newer podnet wrote (rolling
+    upgrades); strict reading (the default) still names the unknown keys."""
+    newer = {"pod_cidr": "198.18.0.0/15", "block_prefix": 26, "zone": "lab", "warp_drive": 9}
+    assert ClusterConfig.unknown_settings(newer) == ["warp_drive"]
+    with pytest.raises(ConfigError, match=r"unknown setting.*warp_drive"):
+        ClusterConfig.from_dict(newer)
+    assert ClusterConfig.from_dict(newer, strict=False).block_prefix == 26
+    with pytest.raises(ConfigError, match="block_prefix"):
+        ClusterConfig.from_dict({**newer, "block_prefix": 99}, strict=False)
+
+
 def test_cluster_config_refuses_overlaps_and_bad_ranges() -> None:
     base = {"pod_cidr": "198.18.0.0/15", "block_prefix": 26, "zone": "lab"}
     assert ClusterConfig.from_dict(base).pod_mtu == 1450
