@@ -33,7 +33,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts clean
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -115,6 +115,10 @@ lint: deps
 
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+# CHANGELOG.md from changelogs/ (antsibull-changelog; docs/development.md "Changelog").
+changelog: deps
+	$(ROOT)/tests/changelog.sh --write
 
 # The variables table of docs/roles/<role>.md from each role's meta/argument_specs.yml.
 role-docs: deps
