@@ -13,7 +13,7 @@ PY          := $(VENV)/bin/python
 export PATH := $(VENV)/bin:/usr/local/go/bin:$(PATH)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 export PODNET_CACHE_DIR := $(CACHE_DIR)
-# this checkout's podnet wheelhouse (tests/lab/build-wheelhouse.sh; the lab inventory's
+# this checkout's podnet wheelhouse (agent/artifacts/build-wheelhouse.sh; the lab inventory's
 # agent_wheelhouse): never one another checkout sharing the cache built from its sources
 export PODNET_WHEELHOUSE_DIR := $(ROOT)/build/artifacts
 # this checkout's agent, whatever checkout the shared venv's editable install points to
@@ -89,8 +89,8 @@ collection-tarball: deps
 
 ## --- lab cluster ------------------------------------------------------------
 artifacts: deps
-	$(ROOT)/tests/lab/build-artifacts.sh
-	$(ROOT)/tests/lab/build-wheelhouse.sh
+	$(ROOT)/agent/artifacts/build-artifacts.sh
+	$(ROOT)/agent/artifacts/build-wheelhouse.sh
 	$(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 
 lab-up: deps artifacts
