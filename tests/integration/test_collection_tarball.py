@@ -96,7 +96,9 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> Non
             assert tf.getmember(b).mode & 0o111, f"{b} is not executable in the tarball"
     # the release data ships, the unreleased fragments and antsibull-changelog's cache do not
     assert {"changelogs/changelog.yaml", "changelogs/config.yaml"} <= names
-    assert not any(n.startswith(("changelogs/fragments", "changelogs/.plugin-cache")) for n in names)
+    assert not any(
+        n.startswith(("changelogs/fragments", "changelogs/.plugin-cache")) for n in names
+    )
     print(f"tarball: {len(names)} entries, {tarball.stat().st_size} bytes")
 
 
@@ -138,11 +140,29 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
         text=True,
         check=True,
     )
-    for role in ("etcd", "coredns", "agent", "spank", "sshd_hooks", "gateway", "apptainer", "flannel", "slurm"):
+    for role in (
+        "etcd",
+        "coredns",
+        "agent",
+        "spank",
+        "sshd_hooks",
+        "gateway",
+        "apptainer",
+        "flannel",
+        "slurm",
+    ):
         for tag in (role, f"{role}_install", f"{role}_configure", f"{role}_run"):
             assert re.search(rf"[\[ ,]{tag}[,\]]", r.stdout), (tag, r.stdout)
     r = subprocess.run(
-        [BIN / "ansible-playbook", "-i", inv, "--list-tasks", "--tags", "etcd_configure", "hpc.podnet.site"],
+        [
+            BIN / "ansible-playbook",
+            "-i",
+            inv,
+            "--list-tasks",
+            "--tags",
+            "etcd_configure",
+            "hpc.podnet.site",
+        ],
         env=env,
         cwd=tmp_path,
         capture_output=True,

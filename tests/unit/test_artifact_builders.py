@@ -9,7 +9,10 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILDERS = sorted((ROOT / "agent/artifacts").glob("*.sh")) + [ROOT / "agent/native/build-artifact.sh"]
+BUILDERS = [
+    *sorted((ROOT / "agent/artifacts").glob("*.sh")),
+    ROOT / "agent/native/build-artifact.sh",
+]
 
 
 def _pins(path: Path) -> dict[str, str]:
@@ -31,7 +34,9 @@ def test_wheelhouse_pins_are_the_tested_versions() -> None:
 def test_builders_read_nothing_the_tarball_leaves_out() -> None:
     assert len(BUILDERS) == 3, BUILDERS
     for script in BUILDERS:
-        code = "\n".join(line for line in script.read_text().splitlines() if not line.lstrip().startswith("#"))
+        code = "\n".join(
+            line for line in script.read_text().splitlines() if not line.lstrip().startswith("#")
+        )
         for unshipped in ("tests/", "requirements-dev.txt", "inventories/lab"):
             assert unshipped not in code, (script.name, unshipped)
         assert script.stat().st_mode & 0o111, f"{script} is not executable"
