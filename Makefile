@@ -33,7 +33,8 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
+  suite-quick suite-etcd-ha suite-molecule suite-day2
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -136,6 +137,8 @@ integration: deps artifacts
 
 # The 3-member etcd proof on its own lab (tests/integration/run-etcd-ha.sh).
 test-etcd-ha: deps
+	$(MAKE) --no-print-directory suite-etcd-ha
+suite-etcd-ha:
 	$(call LOCKED,etcd-ha) $(ROOT)/tests/integration/run-etcd-ha.sh
 
 # The lab harness itself: host forwarding guard, the slim CoreDNS against a real
@@ -149,6 +152,8 @@ test-agent: deps artifacts
 	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) -m pytest -q $(ROOT)/tests/agent
 
 test-molecule: deps artifacts collection-tarball
+	$(MAKE) --no-print-directory suite-molecule
+suite-molecule:
 	mkdir -p $(ROOT)/build/molecule-lab
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
 	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
@@ -162,9 +167,19 @@ test-molecule: deps artifacts collection-tarball
 # Day-2 playbooks (backup, restore, reset, remove_node, upgrade) with a job's TCP ping loop
 # and an SSH session running: its own lab pnd2ci (ctl login c1 c2 c3), down afterwards.
 test-day2: deps artifacts
+	$(MAKE) --no-print-directory suite-day2
+suite-day2:
 	$(call LOCKED,day2-lab) $(ROOT)/tests/day2/run.sh
 
-test: lint unit integration test-etcd-ha test-lab-harness test-agent test-molecule
+# What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
+# by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
+# one after the other, beside the etcd-HA lab; then the molecule lab beside the day-2 lab.
+# The suite-* targets have no prerequisites (built here first, never twice at once).
+test: deps artifacts collection-tarball
+	$(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd-ha
+	$(MAKE) --no-print-directory -j2 -O suite-molecule suite-day2
+suite-quick:
+	$(MAKE) --no-print-directory -j1 lint unit integration test-lab-harness test-agent
 
 bench-agent: deps artifacts
 	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) $(ROOT)/tests/bench/bench_agent.py

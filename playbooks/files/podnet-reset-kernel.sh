@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Remove podnet's kernel state on this node (playbooks/reset.yml): pod network namespaces,
 # the pods' PID 1 (podnet-init, which ends every process of the pod), PID namespace
-# files, podnet's links (pnbr<vni>, pnvx<vni>, pnv<hex>), its nftables tables and the
-# pods' resolv.conf directories. Prints one line per thing removed (nothing: no change).
+# files, podnet's links (pnbr<vni>, pnvx<vni>, pnv<hex>; flanneld's flannel.1), its
+# nftables tables (the gateway's inet podnet_gw included) and the pods' resolv.conf
+# directories. Prints one line per thing removed (nothing: no change).
 #   podnet-reset-kernel.sh NETNS_DIR PIDNS_DIR RESOLV_DIR PID_INIT
 set -u
 netns_dir=${1:-/run/netns}
@@ -35,11 +36,11 @@ for f in "$netns_dir"/pn-*; do
 done
 for l in $(ip -o link show | sed -n 's/^[0-9]*: \([^:@]*\)[:@].*/\1/p'); do
     case $l in
-        pnbr[0-9]* | pnvx[0-9]* | pnv[0-9a-f]*)
+        pnbr[0-9]* | pnvx[0-9]* | pnv[0-9a-f]* | flannel.1)
             ip link delete "$l" 2>/dev/null && echo "link $l" ;;
     esac
 done
-for t in "inet podnet" "bridge podnet"; do
+for t in "inet podnet" "bridge podnet" "inet podnet_gw"; do
     # shellcheck disable=SC2086
     if nft list table $t >/dev/null 2>&1; then
         # shellcheck disable=SC2086

@@ -125,23 +125,10 @@ def test_remove_node_leaves_no_key_naming_it(work: Workload) -> None:
     work.check("remove_node", t0)
 
 
-def test_upgrade_rolling_rerun_keeps_jobs_and_sessions(work: Workload) -> None:
-    t0 = time.time()
-    playbook(
-        "upgrade.yml",
-        "--limit",
-        f"all:!{SPARE}",
-        "-e",
-        "podnet_upgrade_serial=1",
-        "-e",
-        f"podnet_backup_dir={REPO}/build/day2-backups-{LAB}",
-    )
-    work.check("upgrade", t0)
-
-
 def test_check_mode_is_clean_on_the_converged_cluster(work: Workload) -> None:
     """--check --diff of the destructive playbooks changes nothing and needs no confirmation
-    (upgrade.yml --check, which runs every role, is left to `make lab` users: ~5 min here)."""
+    (upgrade.yml --check, which runs every role, is left to `make lab` users: ~5 min here;
+    upgrade.yml itself: tests/day2/test_upgrade.py, from version A)."""
     playbook("reset.yml", "--check", "--diff", "--limit", "c1")
     assert ssh("c1", "systemctl is-active podnetd").stdout.strip() == "active"
     assert ssh("c1", "test -e /etc/slurm/plugstack.conf.d/podnet.conf && echo ok").stdout

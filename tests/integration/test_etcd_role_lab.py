@@ -11,6 +11,8 @@ Needs a lab with three etcd nodes; give its inventory in PODNET_ETCD_LAB_INVENTO
 The tests run in order and share the lab: converge, idempotence, check mode, shrink to one
 member with etcd_remove_members, grow back through joins, a member removed with etcd_member
 and re-added by the role, and a configuration change restarting members one at a time.
+Idempotence is asserted once after the converge (and once after a shrink, for removal);
+the later steps do not rerun the role to prove it again (a minute of CI each).
 """
 
 from __future__ import annotations
@@ -156,8 +158,6 @@ def test_revoked_certificate_refused_the_others_not() -> None:
     got = module("ctl2", "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl")],
                                           **client("ctl2")})  # fmt: skip
     assert got["json"] == {"written": "before"}, got
-    recap = playbook()
-    assert all(r["changed"] == 0 for r in recap.values()), recap
 
 
 def test_shrink_to_one_with_etcd_remove_members(tmp_path: Path) -> None:
@@ -191,8 +191,6 @@ def test_grow_back_to_three_through_joins() -> None:
     got = module("ctl3", "etcd_key_info", {"key": KEY, "endpoints": [endpoint("ctl3")],
                                       **PKI})  # fmt: skip
     assert got["json"] == {"written": "before"}, "a joined member serves the old data"
-    recap = playbook()
-    assert all(r["changed"] == 0 for r in recap.values()), recap
 
 
 def test_member_removed_with_module_and_readded_by_role() -> None:
@@ -224,6 +222,4 @@ def test_config_change_restarts_one_at_a_time_with_snapshots() -> None:
         assert shell(h, "ls /var/backups/etcd/ | grep -c '^etcd-.*\\.db$'").strip() != "0"
         assert "--heartbeat-interval=120" in shell(h, "systemctl cat etcd")
     all_healthy(["ctl", "ctl2", "ctl3"])
-    recap = playbook("-e", "etcd_heartbeat_interval=120")
-    assert all(r["changed"] == 0 for r in recap.values()), recap
     # the last test: the lab goes now (no run back to the defaults: 70-90 s of CI)

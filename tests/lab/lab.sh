@@ -525,6 +525,19 @@ cmd_image() {   # prints the image tarball's path alone on stdout (progress on s
     echo "$IMAGE_TARBALL"
 }
 
+# Each node's systemd takes inotify instances of the host's root user; Debian's default of
+# 128 stops the boot of nodes (systemd fails to start units) once about 25 are up, e.g. two
+# CI labs beside a developer's. Raised (never lowered) for the running kernel only.
+LAB_INOTIFY_INSTANCES=${LAB_INOTIFY_INSTANCES:-1024}
+raise_inotify_instances() {
+    local cur
+    cur=$(cat /proc/sys/fs/inotify/max_user_instances)
+    if [ "$cur" -lt "$LAB_INOTIFY_INSTANCES" ]; then
+        echo "$LAB_INOTIFY_INSTANCES" >/proc/sys/fs/inotify/max_user_instances
+        say "fs.inotify.max_user_instances raised from $cur to $LAB_INOTIFY_INSTANCES (lab nodes)"
+    fi
+}
+
 cmd_up() {
     require_root
     require_tools ssh ssh-keygen nft ip flock zstd mountpoint
@@ -534,6 +547,7 @@ cmd_up() {
     mkdir -p "$LOCK_DIR" "$STATE_ROOT"
     exec 8>"$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
     flock -n 8 || { say "another lab.sh up/down of $LAB_NAME is running; waiting"; flock 8; }
+    raise_inotify_instances
     if [ -f "$STATE/lab.env" ]; then
         saved_subnet=$(saved_var LAB_SUBNET)
         saved_image=$(saved_var LAB_IMAGE)
