@@ -15,6 +15,9 @@ rm -rf "$WORK"
 mkdir -p "$COLL"
 cp -a "$ROOT/galaxy.yml" "$ROOT/changelogs" "$ROOT/plugins" "$ROOT/meta" "$COLL/"
 rm -f "$COLL/changelogs/.plugin-cache.yaml"
+# build/ is ignored by git: with vcs auto antsibull-changelog would hand ansible-doc only the
+# files git tracks below it (none), and list no new modules
+sed -i 's/^vcs: .*/vcs: none/' "$COLL/changelogs/config.yaml"
 VERSION=$(sed -n 's/^version: *//p' "$ROOT/galaxy.yml")
 released=$(python3 - "$COLL/changelogs/changelog.yaml" "$VERSION" <<'PY'
 import sys, yaml
