@@ -13,7 +13,7 @@ PY          := $(VENV)/bin/python
 export PATH := $(VENV)/bin:/usr/local/go/bin:$(PATH)
 export ANSIBLE_CONFIG := $(ROOT)/ansible.cfg
 export PODNET_CACHE_DIR := $(CACHE_DIR)
-# this checkout's podnet wheelhouse (tests/lab/build-wheelhouse.sh; the lab inventory's
+# this checkout's podnet wheelhouse (agent/artifacts/build-wheelhouse.sh; the lab inventory's
 # agent_wheelhouse): never one another checkout sharing the cache built from its sources
 export PODNET_WHEELHOUSE_DIR := $(ROOT)/build/artifacts
 # this checkout's agent, whatever checkout the shared venv's editable install points to
@@ -33,7 +33,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts clean \
+  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
   suite-quick suite-etcd-ha suite-molecule suite-day2
 
 help:
@@ -90,8 +90,8 @@ collection-tarball: deps
 
 ## --- lab cluster ------------------------------------------------------------
 artifacts: deps
-	$(ROOT)/tests/lab/build-artifacts.sh
-	$(ROOT)/tests/lab/build-wheelhouse.sh
+	$(ROOT)/agent/artifacts/build-artifacts.sh
+	$(ROOT)/agent/artifacts/build-wheelhouse.sh
 	$(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 
 lab-up: deps artifacts
@@ -116,6 +116,10 @@ lint: deps
 
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+# CHANGELOG.md from changelogs/ (antsibull-changelog; docs/development.md "Changelog").
+changelog: deps
+	$(ROOT)/tests/changelog.sh --write
 
 # The variables table of docs/roles/<role>.md from each role's meta/argument_specs.yml.
 role-docs: deps

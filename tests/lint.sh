@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# All static checks (make lint): yamllint, ansible-lint (production), ruff, mypy,
+# All static checks (make lint): yamllint, antsibull-changelog (fragments), ansible-lint (production), ruff, mypy,
 # antsibull-docs' docs linter, ansible-test sanity on what the collection ships (empty
 # ignore files), shellcheck.
 set -euo pipefail
@@ -10,6 +10,10 @@ step() { printf '\n== %s\n' "$*"; }
 
 step yamllint
 yamllint -s .
+
+step "antsibull-changelog lint"
+antsibull-changelog lint
+antsibull-changelog lint-changelog-yaml changelogs/changelog.yaml
 
 step ansible-lint
 ansible-lint --profile production --offline -q

@@ -7,6 +7,7 @@ whole stack from the same installed tarball: `make test-molecule`.)"""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> Non
         "docs",
         "inventories",
         "agent",
+        "changelogs",
     }, sorted(top)
     for gone in ("tests", "inventories/lab", "agent/native/tests", "agent/native/fuzz"):
         assert not any(n == gone or n.startswith(gone + "/") for n in names), gone
@@ -74,6 +76,29 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> Non
     assert "agent/pyproject.toml" in names and "agent/src/podnet/agent.py" in names
     assert "playbooks/site.yml" in names and "inventories/sample/hosts.yml" in names
     assert {"LICENSE", "LICENSES/Apache-2.0.txt", "LICENSES/GPL-3.0-or-later.txt"} <= names
+    # the artifact builders a site runs (docs/admin-guide.md "Artifacts"), executable
+    builders = {
+        "agent/artifacts/build-artifacts.sh",
+        "agent/artifacts/build-wheelhouse.sh",
+        "agent/native/build-artifact.sh",
+    }
+    inputs = {
+        "agent/requirements.txt",
+        "agent/artifacts/coredns/go.mod",
+        "agent/artifacts/coredns/go.sum",
+        "agent/artifacts/coredns/main.go",
+        "agent/artifacts/flannel/go.mod",
+        "agent/artifacts/flannel/go.sum",
+    }
+    assert builders | inputs <= names, sorted((builders | inputs) - names)
+    with tarfile.open(tarball) as tf:
+        for b in builders:
+            assert tf.getmember(b).mode & 0o111, f"{b} is not executable in the tarball"
+    # the release data ships, the unreleased fragments and antsibull-changelog's cache do not
+    assert {"changelogs/changelog.yaml", "changelogs/config.yaml"} <= names
+    assert not any(
+        n.startswith(("changelogs/fragments", "changelogs/.plugin-cache")) for n in names
+    )
     print(f"tarball: {len(names)} entries, {tarball.stat().st_size} bytes")
 
 
@@ -106,3 +131,74 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
             check=False,
         )
         assert r.returncode == 0, r.stdout + r.stderr
+    # tags per role phase and per component, from the installed copy
+    r = subprocess.run(
+        [BIN / "ansible-playbook", "-i", inv, "--list-tags", "hpc.podnet.site"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    for role in (
+        "etcd",
+        "coredns",
+        "agent",
+        "spank",
+        "sshd_hooks",
+        "gateway",
+        "apptainer",
+        "flannel",
+        "slurm",
+    ):
+        for tag in (role, f"{role}_install", f"{role}_configure", f"{role}_run"):
+            assert re.search(rf"[\[ ,]{tag}[,\]]", r.stdout), (tag, r.stdout)
+    r = subprocess.run(
+        [
+            BIN / "ansible-playbook",
+            "-i",
+            inv,
+            "--list-tasks",
+            "--tags",
+            "etcd_configure",
+            "hpc.podnet.site",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    # (every role's argument spec check is tagged always by Ansible itself)
+    roles = set(re.findall(r"^\s+(hpc\.podnet\.\w+) : (?!Validating arguments)", r.stdout, re.M))
+    assert roles == {"hpc.podnet.preflight", "hpc.podnet.etcd"}, (roles, r.stdout)
+    assert "Write the systemd unit" in r.stdout and "Install etcd" not in r.stdout, r.stdout
+
+
+def test_installed_wheelhouse_builder_builds(tmp_path: Path) -> None:
+    """An air-gapped site's step: the wheelhouse from the installed collection alone."""
+    tarball = _build(tmp_path)
+    dest = tmp_path / "collections"
+    subprocess.run(
+        [BIN / "ansible-galaxy", "collection", "install", "--no-deps", "-p", dest, tarball],
+        check=True,
+        capture_output=True,
+        env={**os.environ, "ANSIBLE_COLLECTIONS_PATH": str(dest)},
+        cwd=tmp_path,
+    )
+    coll = dest / "ansible_collections/hpc/podnet"
+    out = tmp_path / "artifacts"
+    r = subprocess.run(
+        [coll / "agent/artifacts/build-wheelhouse.sh"],
+        env={**os.environ, "PODNET_WHEELHOUSE_DIR": str(out), "PYTHON": sys.executable},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    (house,) = out.glob("podnet-wheelhouse-*")
+    wheels = sorted(p.name for p in house.glob("*.whl"))
+    assert any(w.startswith("podnet-") for w in wheels), wheels
+    sums = (house / "SHA256SUMS").read_text()
+    assert all(w in sums for w in wheels), (wheels, sums)

@@ -8,8 +8,8 @@ set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
-"$here/build-artifacts.sh" >/dev/null
-version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { sub(/^v/, "", $3); print $3 }' "$here/coredns/go.mod")
+"$here/../../agent/artifacts/build-artifacts.sh" >/dev/null
+version=$(awk '$1 == "require" && $2 == "github.com/coredns/coredns" { sub(/^v/, "", $3); print $3 }' "$here/../../agent/artifacts/coredns/go.mod")
 bin=$cache/artifacts/coredns-$version-linux-amd64
 for t in etcd etcdctl dig; do
     command -v "$t" >/dev/null || { echo "test-coredns: $t missing" >&2; exit 1; }

@@ -4,8 +4,12 @@
 # way (from the Go module proxy, or an already filled module cache), into
 # $PODNET_CACHE_DIR/artifacts/<name>-<version>-linux-amd64 (+ .sha256): the
 # layout roles read through podnet_artifact_dir.
+# Shipped in the collection (agent/artifacts/): `make artifacts` runs it in a checkout, a site
+# from the installed collection on a connected machine (docs/admin-guide.md "Artifacts"):
+# root (apt-get download in an isolated apt state), Go in /usr/local/go/bin or on PATH,
+# PODNET_CACHE_DIR (default /var/cache/podnet-dev) for the output and the Go caches.
 #
-# CoreDNS: a slim build of tests/lab/coredns (coremain + the plugins podnet
+# CoreDNS: a slim build of agent/artifacts/coredns (coremain + the plugins podnet
 # needs). Skipped when the binary exists and was built from the same inputs.
 #
 # etcd: the release the lab nodes run (Debian trixie's etcd-server, the etcd
@@ -172,7 +176,7 @@ go_artifact() {
 }
 
 # flanneld: flannel's own main package (main.go of github.com/flannel-io/flannel at
-# flannel_version, read from the module cache) built in tests/lab/flannel's module (go.mod,
+# flannel_version, read from the module cache) built in agent/artifacts/flannel's module (go.mod,
 # go.sum pinned) without the backends podnet does not use: tencentvpc needs a module the Go
 # module proxy we reach refuses (403), udp needs cgo; ipsec and wireguard go too (slimmer,
 # fewer dependencies). vxlan, host-gw, ipip, alloc and extension stay; `flanneld --version`.

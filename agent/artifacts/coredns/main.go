@@ -2,7 +2,7 @@
 // (coremain) with only the plugins a podnet DNS server needs, so the binary
 // is small, quick to build from the Go module proxy and easy to audit.
 //
-// Build it with tests/lab/build-artifacts.sh; `coredns -plugins` lists what
+// Build it with agent/artifacts/build-artifacts.sh; `coredns -plugins` lists what
 // is compiled in.
 package main
 

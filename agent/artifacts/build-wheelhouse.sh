@@ -2,24 +2,31 @@
 # SPDX-License-Identifier: Apache-2.0
 # The podnet agent and its dependencies as wheels for every Python of the supported node
 # platforms (Debian 12: CPython 3.11, Debian 13: CPython 3.13; x86_64; pip on the node
-# picks the wheels of its own Python), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/ (the
-# Makefile sets it to this checkout's build/artifacts: built from this checkout's sources,
-# never from another checkout's that shares the cache; default $PODNET_CACHE_DIR/artifacts):
-# the directory hpc.podnet.agent installs from with `pip --no-index` (nodes have no
-# internet; an air-gapped site builds it the same way on a connected machine).
+# picks the wheels of its own Python), into $PODNET_WHEELHOUSE_DIR/podnet-wheelhouse-<version>/
+# (default $PODNET_CACHE_DIR/artifacts; the Makefile sets it to this checkout's
+# build/artifacts: built from this checkout's sources, never from another checkout's that
+# shares the cache): the directory hpc.podnet.agent installs from with `pip --no-index`
+# (nodes have no internet). Shipped in the collection (agent/artifacts/): a site runs it from
+# the installed collection on a connected machine (docs/admin-guide.md "Artifacts").
+#   PYTHON   the Python >= 3.11 with pip (and setuptools) that builds (default: the
+#            checkout's .venv, else python3)
+# The dependencies are pinned in agent/requirements.txt (the versions the tests run with).
 # Skipped when the directory exists and was built from the same inputs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
-py=${PYTHON:-$root/.venv/bin/python}
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    if [ -x "$root/.venv/bin/python" ]; then py=$root/.venv/bin/python; else py=$(command -v python3); fi
+fi
 node_pys=${NODE_PYTHON_VERSIONS:-3.11 3.13}
 version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"))["project"]["version"])' \
     "$root/agent/pyproject.toml")
 out=${PODNET_WHEELHOUSE_DIR:-$cache/artifacts}/podnet-wheelhouse-$version
 deps=$cache/artifacts/wheel-deps  # the dependencies' wheels, shared by every checkout
-# pinned runtime dependencies (the versions the tests run with, requirements-dev.txt)
-pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/requirements-dev.txt" || true)
+# pinned runtime dependencies (the versions the tests run with: agent/requirements.txt)
+pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/agent/requirements.txt" || true)
 # the sources only (never agent/build or other build leftovers): the same sources give the
 # same inputs, and (SOURCE_DATE_EPOCH, built from a clean copy) the same wheel bytes, in any
 # checkout, so the agent role never reinstalls an unchanged podnet
