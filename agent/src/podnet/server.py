@@ -27,6 +27,7 @@ from typing import Any
 
 from podnet import publish
 from podnet.agent import Agent, PodnetError
+from podnet.nl import mac_for_ip as nl_mac
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
@@ -106,6 +107,9 @@ class Handler:
             "publish": self.publish,
             "unpublish": self.unpublish,
             "published": self.published,
+            "container_add": self.container_add,
+            "container_del": self.container_del,
+            "container_check": self.container_check,
         }
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -214,6 +218,48 @@ class Handler:
     def status(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         del peer, req
         return self.agent.status()
+
+    # -- containers (containers.py; the podnet CNI plugin and podnet-container) ----------
+    def _container_args(self, req: dict[str, Any]) -> tuple[str, str]:
+        return _name(req, "container_id", 1024), _name(req, "ifname", 15)
+
+    def container_add(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        cid, ifname = self._container_args(req)
+        netns = _text(req, "netns", 4096)
+        label = _text(req, "name", 63)
+        # root may name the user and the process (a runtime acting for a user); a user's
+        # own identity is SO_PEERCRED's, whatever the request says
+        uid = _opt_int(req, "uid", 1, 2**31 - 1) if peer.root else None
+        pid = _opt_int(req, "pid", 1, 2**31 - 1) if peer.root else None
+        pod = self.agent.containers.add(peer.uid, peer.pid, cid, ifname, netns, label, uid, pid)
+        return {"pod": self._container_reply(pod)}
+
+    def _container_reply(self, pod: Any) -> dict[str, Any]:
+        cc = self.agent.cluster
+        out = dict(pod.public())
+        out["mac"] = nl_mac(pod.ip)
+        out["gateway"] = cc.gateway_ip
+        out["dns"] = {
+            "nameservers": list(cc.dns_servers),
+            "domain": f"{pod.user}.{cc.zone}",
+            "search": [f"{pod.user}.{cc.zone}", *cc.search_domains],
+        }
+        return out
+
+    def _find_container(self, peer: Peer, req: dict[str, Any]) -> Any:
+        cid, ifname = self._container_args(req)
+        uid = _opt_int(req, "uid", 1, 2**31 - 1) if peer.root else None
+        return self.agent.containers.find(peer.uid, cid, ifname, uid)
+
+    def container_del(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        pod = self._find_container(peer, req)
+        return {"released": bool(pod and self.agent.containers.delete(pod))}
+
+    def container_check(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        pod = self._find_container(peer, req)
+        if pod is None:
+            raise PodnetError("ENOENT", "no such container interface on this node")
+        return {"pod": self._container_reply(pod), "problems": self.agent.containers.check(pod)}
 
     # -- published ports (podnet publish; docs/gateway.md) -------------------------------
     @staticmethod
