@@ -241,7 +241,7 @@ def run(req: CniRequest) -> dict[str, Any] | None:
     if req.command == "ADD":
         named = any(req.args.get(k) for k in ("PODNET_NAME", "K8S_POD_NAME"))
         args = _ident(req)
-        if named:
+        if named:  # else podnetd names it c-<hash of the container id>
             args["name"] = req.container_name
         pod = _call(req, "container_add", netns=req.netns, **args)["pod"]
         return add_result(

@@ -92,7 +92,8 @@ def is_container_ns(name: str) -> bool:
 
 
 def default_label(container_id: str) -> str:
-    return "c-" + re.sub(r"[^a-z0-9]", "", container_id.lower())[:12]
+    """The name of a container that asked for none: `c-` + 10 hex digits of its id."""
+    return "c-" + hashlib.sha256(container_id.encode()).hexdigest()[:10]
 
 
 def check_label(label: str) -> str:

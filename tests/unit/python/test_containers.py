@@ -76,7 +76,8 @@ def test_names() -> None:
     assert a == ns_name(1001, "apptainer-1", "eth0")
     assert len({a, ns_name(1002, "apptainer-1", "eth0"), ns_name(1001, "apptainer-1", "eth1")}) == 3
     assert not is_container_ns("pn-j42") and not is_container_ns("pn-l1001")
-    assert default_label("Apptainer-4F2A_9c0123456789") == "c-apptainer4f2"
+    assert default_label("podnet-container-41") != default_label("podnet-container-42")
+    assert check_label(default_label("x")) == default_label("x")
     assert check_label("Web") == "web"
     for bad in ("login", "42", "-x", "a_b", "x" * 64):
         with pytest.raises(PodnetError):
