@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import IO, Any
 
 #: what this plugin speaks; the conflists it is listed in may use any of these
 SUPPORTED_VERSIONS = ("0.4.0", "1.0.0")
@@ -64,18 +66,30 @@ class CniError(Exception):
         return out
 
 
-@dataclass
 class CniRequest:
-    command: str
-    version: str
-    container_id: str = ""
-    netns: str = ""
-    ifname: str = ""
-    args: dict[str, str] = field(default_factory=dict)
-    path: list[str] = field(default_factory=list)
-    network: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
-    prev_result: dict[str, Any] | None = None
+    """A checked request (a plain class: the plugin starts once per ADD, and the
+    dataclasses import alone cost it milliseconds)."""
+
+    def __init__(
+        self,
+        command: str,
+        version: str,
+        container_id: str = "",
+        netns: str = "",
+        ifname: str = "",
+        args: dict[str, str] | None = None,
+        path: list[str] | None = None,
+        network: str = "",
+        config: dict[str, Any] | None = None,
+        prev_result: dict[str, Any] | None = None,
+    ) -> None:
+        self.command, self.version = command, version
+        self.container_id, self.netns, self.ifname = container_id, netns, ifname
+        self.args = args if args is not None else {}
+        self.path = path if path is not None else []
+        self.network = network
+        self.config = config if config is not None else {}
+        self.prev_result = prev_result
 
     @property
     def netns_pid(self) -> int | None:
@@ -290,3 +304,7 @@ def main(
         out.write(json.dumps(result) + "\n")
         out.flush()
     return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -462,7 +462,15 @@ class Containers:
                 raise
             inner = r.dp.host.run_in(path, nl.Netlink)
         else:
-            inner = r.dp.host.create(path, nl.Netlink)
+
+            def inside() -> nl.Netlink:
+                sock = nl.Netlink()
+                # unprivileged ping (a fakeroot container's root is a user here)
+                with contextlib.suppress(OSError):
+                    netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
+                return sock
+
+            inner = r.dp.host.create(path, inside)
         owned: nl.Netlink | None = inner
         try:
             if pod.ifname in nl.links(inner):
