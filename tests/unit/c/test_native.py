@@ -559,3 +559,25 @@ def test_image_exec_runs_apptainer_with_the_tasks_program(tmp_path: Path) -> Non
         [str(exe), "x"], env={"PATH": "/usr/bin"}, capture_output=True, text=True, check=False
     )
     assert bad.returncode == 127 and "run by the podnet SPANK plugin only" in bad.stderr
+
+
+def test_container_helper_builds_and_runs_no_program_but_the_callers(tmp_path: Path) -> None:
+    """podnet-container (setuid root): from the spank role's files, warning-free; its one
+    exec is the caller's command after dropping privileges (no system, popen, fork)."""
+    cc()
+    exe = _role_build(tmp_path, "spank", "podnet-container")
+    assert _undefined(exe) & SHELL_OUTS == {"execvp"}
+    # not setuid here: it says so and runs nothing
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe), "--", "id"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 126 and "setuid" in r.stderr and "uid=" not in r.stdout, r
+    r = subprocess.run(
+        [str(exe), "--name", "Bad_Name", "--", "id"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 126 and "DNS label" in r.stderr, r
+    r = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and "usage" in r.stderr
