@@ -13,7 +13,9 @@ Then, in the same run, the podnet CNI plugin (`podnet.cni`, what `apptainer exec
 setup: netns `pbn-n1`, etcd on 198.19.224.1): one exec of the plugin per ADD for a fresh
 container netns `pbhk-p<i>` (made by `ip netns add`, as root: the container is the user
 `nobody`'s, named through CNI_ARGS, which podnetd hears from root for root's own
-namespaces), then one DEL each: `cni_podnet_add_p50/p99`, `cni_podnet_del_p50/p99`. The
+namespaces), then one DEL each: `cni_podnet_add_p50/p99`, `cni_podnet_del_p50/p99`; and
+podnetd's own share, the same ADD request sent from the bench without the plugin's exec
+(`podnetd_container_add_p50/p99`). The
 plugin runs on PODNET_BENCH_PYTHON (default /usr/bin/python3: a small interpreter, like
 the nodes' agent venv, not the development venv with its hundreds of packages).
 
@@ -175,7 +177,31 @@ def podnet_phase() -> dict[str, float]:
                     res = json.loads(r.stdout)
                     if not res["ips"][0]["address"].startswith("198.19."):
                         sys.exit(f"bench_cni: podnet ADD: unexpected result {res}")
+        # podnetd's own share: the same requests from this process (no plugin exec)
+        direct: list[float] = []
+        for i in range(N):
+            t0 = time.perf_counter()
+            bench_agent.call(
+                "container_add",
+                b.socket,
+                container_id=f"pbhkq{i}",
+                ifname="eth0",
+                netns=f"/run/netns/pbhk-p{i}",
+                uid=user.pw_uid,
+                name=f"q{i}",
+            )
+            direct.append((time.perf_counter() - t0) * 1000)
+        for i in range(N):
+            bench_agent.call(
+                "container_del",
+                b.socket,
+                container_id=f"pbhkq{i}",
+                ifname="eth0",
+                uid=user.pw_uid,
+            )
         return {
+            "podnetd_container_add_p50": pct(direct, 50),
+            "podnetd_container_add_p99": pct(direct, 99),
             "cni_podnet_add_p50": pct(adds, 50),
             "cni_podnet_add_p99": pct(adds, 99),
             "cni_podnet_del_p50": pct(dels, 50),
