@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The podnet CNI plugin's request parsing and replies (agent/src/podnet/cni.py):
 what Apptainer hands a plugin, checked as the CNI 1.0 spec says, and errors as CNI
 error objects with the spec's codes."""
