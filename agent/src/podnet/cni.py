@@ -223,10 +223,12 @@ def _socket(req: CniRequest) -> str:
     return path
 
 
-def _call(req: CniRequest, op: str, **args: Any) -> dict[str, Any]:
+def _call(req: CniRequest, op: str, via: Any, **args: Any) -> dict[str, Any]:
     from podnet import client  # noqa: PLC0415 (VERSION needs no socket code)
 
     try:
+        if via is not None:
+            return dict(via(op, **args))
         return client.call(op, _socket(req), timeout=60.0, **args)
     except client.ApiError as e:
         if e.code == "EUNAVAIL":
@@ -248,8 +250,9 @@ def _ident(req: CniRequest) -> dict[str, Any]:
     return out
 
 
-def run(req: CniRequest) -> dict[str, Any] | None:
-    """Serve one request; the result to print (None: nothing, DEL)."""
+def run(req: CniRequest, via: Any = None) -> dict[str, Any] | None:
+    """Serve one request; the result to print (None: nothing, DEL). `via`: call podnetd's
+    operations in-process (op "cni") instead of over its socket."""
     if req.command == "VERSION":
         return version_reply(req.version)
     if req.command == "ADD":
@@ -257,19 +260,19 @@ def run(req: CniRequest) -> dict[str, Any] | None:
         args = _ident(req)
         if named:  # else podnetd names it c-<hash of the container id>
             args["name"] = req.container_name
-        pod = _call(req, "container_add", netns=req.netns, **args)["pod"]
+        pod = _call(req, "container_add", via, netns=req.netns, **args)["pod"]
         return add_result(
             req, pod["mac"], pod["ip"], int(pod["prefix"]), pod["gateway"], pod["dns"]
         )
     if req.command == "DEL":
         try:
-            _call(req, "container_del", **_ident(req))
+            _call(req, "container_del", via, **_ident(req))
         except CniError as e:
             if e.code != E_UNKNOWN_CONTAINER:
                 raise
         return None
     # CHECK
-    reply = _call(req, "container_check", **_ident(req))
+    reply = _call(req, "container_check", via, **_ident(req))
     problems = list(reply.get("problems") or [])
     prev = req.prev_result or {}
     want = {str(a.get("address", "")).split("/")[0] for a in prev.get("ips", [])}
@@ -278,6 +281,18 @@ def run(req: CniRequest) -> dict[str, Any] | None:
     if problems:
         raise CniError(E_DRIFT, "container network drifted", "; ".join(problems))
     return None
+
+
+def serve(env: Mapping[str, str], data: bytes, via: Any = None) -> tuple[int, str]:
+    """One plugin run: (exit status, what to print)."""
+    version = CNI_VERSION
+    try:
+        req = parse_request(env, data)
+        version = req.version if req.version in SUPPORTED_VERSIONS else CNI_VERSION
+        result = run(req, via)
+    except CniError as e:
+        return 1, json.dumps(e.reply(version)) + "\n"
+    return 0, "" if result is None else json.dumps(result) + "\n"
 
 
 def main(
@@ -290,20 +305,11 @@ def main(
 
     env = os.environ if env is None else env
     out = sys.stdout if stdout is None else stdout
-    version = CNI_VERSION
-    try:
-        data = (sys.stdin.buffer if stdin is None else stdin).read(MAX_CONFIG + 1)
-        req = parse_request(env, data)
-        version = req.version if req.version in SUPPORTED_VERSIONS else CNI_VERSION
-        result = run(req)
-    except CniError as e:
-        out.write(json.dumps(e.reply(version)) + "\n")
-        out.flush()
-        return 1
-    if result is not None:
-        out.write(json.dumps(result) + "\n")
-        out.flush()
-    return 0
+    data = (sys.stdin.buffer if stdin is None else stdin).read(MAX_CONFIG + 1)
+    rc, text = serve(env, data)
+    out.write(text)
+    out.flush()
+    return rc
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podnet import publish
+from podnet import cni, publish
 from podnet.agent import Agent, PodnetError
+from podnet.client import ApiError
 from podnet.nl import mac_for_ip as nl_mac
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
@@ -110,6 +111,7 @@ class Handler:
             "container_add": self.container_add,
             "container_del": self.container_del,
             "container_check": self.container_check,
+            "cni": self.cni,
         }
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -260,6 +262,29 @@ class Handler:
         if pod is None:
             raise PodnetError("ENOENT", "no such container interface on this node")
         return {"pod": self._container_reply(pod), "problems": self.agent.containers.check(pod)}
+
+    def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,
+        served by podnet.cni on this caller's behalf; what the plugin prints and its
+        exit status."""
+        env = {
+            "CNI_COMMAND": _text(req, "command", 16),
+            "CNI_CONTAINERID": _text(req, "container_id", 1024),
+            "CNI_NETNS": _text(req, "netns", 4096),
+            "CNI_IFNAME": _text(req, "ifname", 64),
+            "CNI_ARGS": _text(req, "args", 4096),
+            "CNI_PATH": _text(req, "path", 4096),
+        }
+        config = _text(req, "config", cni.MAX_CONFIG).encode()
+
+        def via(op: str, **args: Any) -> dict[str, Any]:
+            try:
+                return self.ops[op](peer, {"v": VERSION, "op": op, **args})
+            except PodnetError as e:
+                raise ApiError(e.code, e.message) from None
+
+        rc, out = cni.serve(env, config, via)
+        return {"cni_rc": rc, "cni_out": out}
 
     # -- published ports (podnet publish; docs/gateway.md) -------------------------------
     @staticmethod

@@ -298,3 +298,33 @@ def test_cni_add_del_check_through_podnetd(tmp_path: Path) -> None:
 def test_cni_version_needs_no_podnetd(tmp_path: Path) -> None:
     rc, res = _plugin(tmp_path / "nothing", "VERSION")
     assert rc == 0 and res["supportedVersions"] == ["0.4.0", "1.0.0"]
+
+
+def test_handler_serves_the_c_plugins_relay_as_the_caller() -> None:
+    """op "cni" (agent/native/podnet_cni.c): the whole CNI request served in podnetd with
+    the caller's own identity; the plugin prints cni_out and exits with cni_rc."""
+    agent = _FakeAgent()
+    h = Handler(agent)  # type: ignore[arg-type]
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
+    req = {
+        "v": 1,
+        "op": "cni",
+        "command": "ADD",
+        "container_id": "c9",
+        "netns": "/proc/77/ns/net",
+        "ifname": "eth0",
+        "args": "PODNET_NAME=web;PODNET_UID=0",
+        "path": "/usr/lib/cni",
+        "config": conf,
+    }
+    reply = h.handle_line(Peer(500, 1001, 1001), json.dumps(req).encode())
+    assert reply["ok"] and reply["cni_rc"] == 1, reply
+    err = json.loads(reply["cni_out"])
+    assert err["code"] == cni.E_PODNETD and "EPERM" in err["msg"]
+    # alice's uid from SO_PEERCRED; PODNET_UID ignored for her
+    assert agent.containers.calls == [
+        (1001, 500, "c9", "eth0", "/proc/77/ns/net", "web", None, None)
+    ]
+    bad = dict(req, config="{not json")
+    reply = h.handle_line(Peer(500, 1001, 1001), json.dumps(bad).encode())
+    assert reply["cni_rc"] == 1 and json.loads(reply["cni_out"])["code"] == cni.E_DECODE
