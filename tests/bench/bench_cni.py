@@ -15,9 +15,9 @@ container netns `pbhk-p<i>` (made by `ip netns add`, as root: the container is t
 `nobody`'s, named through CNI_ARGS, which podnetd hears from root for root's own
 namespaces), then one DEL each: `cni_podnet_add_p50/p99`, `cni_podnet_del_p50/p99`; and
 podnetd's own share, the same ADD request sent from the bench without the plugin's exec
-(`podnetd_container_add_p50/p99`). The
-plugin runs on PODNET_BENCH_PYTHON (default /usr/bin/python3: a small interpreter, like
-the nodes' agent venv, not the development venv with its hundreds of packages).
+(`podnetd_container_add_p50/p99`). The plugin is agent/native's `podnet-cni` (C: a relay
+to podnetd, as the nodes install it); PODNET_BENCH_PLUGIN=python times the same plugin in
+Python instead (on PODNET_BENCH_PYTHON, default /usr/bin/python3).
 
 Run as root. Everything lives in netns `pbhk-node` (the "node": bridge `pbhkcni0`, a
 /24 lease of 198.19.64.0/18, inside the RFC 2544 benchmarking range and apart from
@@ -114,6 +114,19 @@ def inside_node(tmp: Path, plugin: str) -> dict[str, float]:
     }
 
 
+def podnet_plugin() -> list[str]:
+    """The plugin as the nodes run it: agent/native's podnet-cni (C, built here), or
+    with PODNET_BENCH_PLUGIN=python the same plugin in Python."""
+    if os.environ.get("PODNET_BENCH_PLUGIN", "c") == "python":
+        return [os.environ.get("PODNET_BENCH_PYTHON", "/usr/bin/python3"), "-m", "podnet.cni"]
+    out = REPO / "build" / "native-bench"
+    subprocess.run(
+        ["make", "-s", "-C", str(REPO / "agent" / "native"), f"O={out}", "cni"],
+        check=True,
+    )
+    return [str(out / "podnet-cni")]
+
+
 def podnet_phase() -> dict[str, float]:
     """N ADDs then N DELs of the podnet CNI plugin against a real podnetd."""
     sys.path.insert(0, str(REPO / "tests" / "bench"))
@@ -140,13 +153,14 @@ def podnet_phase() -> dict[str, float]:
         conf = json.dumps(
             {"cniVersion": "1.0.0", "name": "podnet", "type": "podnet", "socket": b.socket}
         ).encode()
-        py = os.environ.get("PODNET_BENCH_PYTHON", "/usr/bin/python3")
         base = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
             "PYTHONPATH": str(REPO / "agent" / "src"),
+            "PODNET_SOCKET": b.socket,
             "CNI_IFNAME": "eth0",
             "CNI_PATH": CNI_PATH,
         }
+        plugin = podnet_plugin()
         for i in range(N):
             sh("ip", "netns", "add", f"pbhk-p{i}")
         adds: list[float] = []
@@ -162,7 +176,7 @@ def podnet_phase() -> dict[str, float]:
                 }
                 t0 = time.perf_counter()
                 r = subprocess.run(
-                    [py, "-m", "podnet.cni"],
+                    plugin,
                     input=conf,
                     env=env,
                     capture_output=True,
