@@ -286,22 +286,32 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
         timeout=180,
     ).stdout
     assert "built" in built, built
-    # the parent: its own address and name; a child shares its network (HPK's pattern)
-    out = ssh(
-        "login",
-        f"cd /tmp && {step} podnet-container --name parent -- apptainer -q exec --fakeroot "
-        "/tmp/pncni.sif sh -c 'cat /proc/net/fib_trie; "
+    # HPK's pattern: the parent container gets its own address and name; a child
+    # container started beside it shares its network namespace (localhost between them)
+    run = (
+        "#!/bin/sh\n"
+        "apptainer -q exec --fakeroot /tmp/pncni.sif sh -c 'cat /proc/net/fib_trie; "
         f"ping -c1 -W3 {a1['ip']} >/dev/null && echo reached-a1; "
         f"ping -c1 -W3 pod1.{job}.alice.{CLUSTER} >/dev/null && echo reached-pod1; "
-        "readlink /proc/self/ns/net'",
+        "echo parent-ns=$(readlink /proc/self/ns/net)'\n"
+        "apptainer -q exec --fakeroot /tmp/pncni.sif sh -c "
+        "'echo child-ns=$(readlink /proc/self/ns/net)'\n"
+    )
+    b64 = base64.b64encode(run.encode()).decode()
+    ssh("c1", f"echo {b64} | base64 -d >/tmp/pncni-run.sh && chmod 0755 /tmp/pncni-run.sh")
+    out = ssh(
+        "login",
+        f"cd /tmp && {step} podnet-container --name parent -- /tmp/pncni-run.sh",
         timeout=180,
     ).stdout
     assert "reached-a1" in out and "reached-pod1" in out, out
+    parent_ns = re.findall(r"parent-ns=(\S+)", out)
+    assert parent_ns and parent_ns == re.findall(r"child-ns=(\S+)", out), out
     ips = re.findall(r"\|-- (198\.1[89]\.\d+\.\d+)\n\s+/32 host LOCAL", out)
     assert ips, out
     # the step's own pod network namespace differs from the container's
     pod_ns = ssh("login", f"cd /tmp && {step} readlink /proc/self/ns/net").stdout.strip()
-    assert pod_ns and pod_ns not in out, (pod_ns, out)
+    assert pod_ns and pod_ns != parent_ns[0], (pod_ns, out)
     # released when the container exits: no pn-c namespace of alice is left on c1
     wait_for(
         lambda: (
@@ -314,4 +324,4 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
         ),
         30,
     )
-    ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-mkroot.sh")
+    ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-mkroot.sh /tmp/pncni-run.sh")
