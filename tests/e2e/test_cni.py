@@ -5,9 +5,10 @@ Containers here are network namespaces of a user namespace the user made (`unsha
 what `apptainer exec --fakeroot --net` makes), wired by the plugin `podnet` the apptainer
 role installs, driven through the CNI protocol itself (environment + stdin, spec 1.0;
 Debian has no `cnitool`). alice's containers on c1 and c2 reach each other and her job
-pods by name; bob's container and pods reach none of them; DEL and the container's exit
-(kill -9 included) release the address and the name; CHECK reports a deleted interface;
-identity is the kernel's (bob cannot wire alice's namespace, nor the host's). Then
+pods by name (ICMP, TCP, UDP); bob's container and pods reach none of them; DEL and the
+container's exit (kill -9 included) release the address and the name; CHECK reports a
+deleted interface; identity is the kernel's (bob cannot wire alice's namespace, nor the
+host's). Then
 `podnet-container` (setuid) in a job step runs an unprivileged fakeroot Apptainer
 container with its own address, HPK's parent/child pattern on it.
 """
@@ -83,6 +84,14 @@ def tcp_open(node: str, pid: int, ip: str, port: int) -> bool:
     return "rc=0" in in_ns(node, pid, probe)
 
 
+def udp_echo(node: str, pid: int, ip: str, port: int) -> bool:
+    probe = (
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); "
+        f"s.sendto(b'ping', ('{ip}', {port})); print(s.recvfrom(64)[0].decode())"
+    )
+    return "ping" in in_ns(node, pid, f'python3 -c "{probe}" 2>/dev/null')
+
+
 def resolve(node: str, pid: int, name: str, dns: str) -> str:
     out = in_ns(node, pid, f"dig +short +time=2 +tries=2 @{dns} {name}")
     return out.replace("rc=0", "").strip()
@@ -148,6 +157,19 @@ def test_alices_containers_reach_each_other_and_her_pods_by_name_bobs_nothing(
     )
     assert wait_for(lambda: tcp_open("c1", a1["pid"], a2["ip"], 8088), 30)
     assert not tcp_open("c1", b1["pid"], a2["ip"], 8088)
+    # UDP: an echo in a2; alice's container gets the answer, bob's does not
+    echo = (
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        f"s.bind(('{a2['ip']}', 8089)); "
+        "[s.sendto(d, a) for d, a in iter(lambda: s.recvfrom(512), None)]"
+    )
+    ssh(
+        "c2",
+        f'nsenter -t {a2["pid"]} -n setsid timeout 120 python3 -c "{echo}" '
+        "</dev/null >/dev/null 2>&1 &",
+    )
+    assert wait_for(lambda: udp_echo("c1", a1["pid"], a2["ip"], 8089), 30)
+    assert not udp_echo("c1", b1["pid"], a2["ip"], 8089)
     # bob's container: none of alice's, same node or across, ICMP or TCP
     bob_job = world["jobs"]["bob"]
     for ip in (a1["ip"], a2["ip"], pod1, pod_of("c1", job)["ip"]):
