@@ -275,7 +275,7 @@ def run(req: CniRequest, via: Any = None) -> dict[str, Any] | None:
     reply = _call(req, "container_check", via, **_ident(req))
     problems = list(reply.get("problems") or [])
     prev = req.prev_result or {}
-    want = {str(a.get("address", "")).split("/")[0] for a in prev.get("ips", [])}
+    want = {str(a.get("address", "")).split("/", maxsplit=1)[0] for a in prev.get("ips", [])}
     if want and reply["pod"]["ip"] not in want:
         problems.append(f"podnetd has {reply['pod']['ip']}, prevResult says {sorted(want)}")
     if problems:
