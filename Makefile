@@ -196,9 +196,10 @@ test-e2e: deps
 bench-e2e: deps
 	$(PY) $(ROOT)/tests/bench/bench_e2e.py
 
-# Container network setup through CNI: the Flannel chain Apptainer runs (issue 10).
+# Container network setup through CNI: the Flannel chain Apptainer runs (issue 10), then
+# the podnet CNI plugin in the same run, on bench-agent's podnetd + etcd setup (its lock).
 bench-cni: deps artifacts
-	$(PY) $(ROOT)/tests/bench/bench_cni.py
+	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) $(ROOT)/tests/bench/bench_cni.py
 
 # Gateways (issue 11): policy apply at 1000 users x 10 rules (this host, a throwaway netns);
 # with a gateway lab (PODNET_E2E_LAB, LAB_GATEWAYS=1) also egress throughput and failover.

@@ -8,7 +8,7 @@
 # ROOTFS: the nodes' OS as a directory or a .tar.zst/.tar.gz/.tar (a debootstrap of the
 # nodes' release with gcc, make, libc6-dev, libpam0g-dev and the nodes' libslurm-dev; the
 # lab's node image is one). It is never modified. Builds `make all` (podnet_spank.so,
-# pam_podnet.so, podnet-init, podnet-image-exec) inside it and writes
+# pam_podnet.so, podnet-init, podnet-image-exec, podnet-container, podnet-cni) inside it and writes
 #   OUTBASE/podnet-native-<podnet version>-<release>-<arch>-slurm<major.minor>/
 # with SHA256SUMS and PLATFORM (the key hpc.podnet.spank and hpc.podnet.sshd_hooks match
 # against each node: a SPANK plugin loads only into the Slurm release it was built for).
@@ -71,11 +71,11 @@ systemd-nspawn --quiet --register=no --keep-unit --private-network --volatile=ov
 }
 mkdir -p "$outbase"
 tmp=$(mktemp -d "$outbase/.podnet-native.XXXXXX")
-for f in podnet_spank.so pam_podnet.so podnet-init podnet-image-exec; do
+for f in podnet_spank.so pam_podnet.so podnet-init podnet-image-exec podnet-container podnet-cni; do
     install -m 0755 "$work/build/out/$f" "$tmp/$f"
 done
 chmod 0644 "$tmp/podnet_spank.so" "$tmp/pam_podnet.so"
-(cd "$tmp" && sha256sum podnet_spank.so pam_podnet.so podnet-init podnet-image-exec >SHA256SUMS)
+(cd "$tmp" && sha256sum podnet_spank.so pam_podnet.so podnet-init podnet-image-exec podnet-container podnet-cni >SHA256SUMS)
 printf '%s\n' "$platform" >"$tmp/PLATFORM"
 echo "$inputs" >"$tmp/.inputs"
 chmod 0755 "$tmp"

@@ -268,6 +268,7 @@ typedef struct {
 	int seen_v, seen_ok, seen_error, seen_pod, seen_released;
 	int seen_code, seen_msg;
 	int seen_name, seen_netns, seen_ip, seen_user, seen_uid;
+	int seen_cni_out, seen_cni_rc;
 } jp_t;
 
 static int jfail_at(jp_t *j, const char *what)
@@ -601,6 +602,11 @@ static int jmember(jp_t *j, enum jctx ctx, const char *key, int key_ok)
 				return jfail_at(j, "member \"error\" is not an object");
 			return jvalue(j, J_ERROR);
 		}
+		if (!strcmp(key, "cni_out"))
+			return jstr_field(j, &j->seen_cni_out, r->cni_out,
+					  sizeof(r->cni_out), "cni_out", 0);
+		if (!strcmp(key, "cni_rc"))
+			return jint_field(j, &j->seen_cni_rc, &r->cni_rc, "cni_rc");
 		if (!strcmp(key, "pod")) {
 			if (j->seen_pod++)
 				return jfail_at(j, "duplicate member \"pod\"");
@@ -740,6 +746,7 @@ int pn_parse_reply(const char *line, size_t len, pn_reply_t *out, char *why,
 
 	memset(out, 0, sizeof(*out));
 	out->pod_uid = -1;
+	out->cni_rc = -1;
 	out->released = -1;
 	out->v = -1;
 	if (why && whysz)

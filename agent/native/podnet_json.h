@@ -68,6 +68,10 @@ typedef struct {
 	char pod_user[64];   /* pod.user */
 	long long pod_uid;   /* pod.uid, -1 if absent */
 	int released;        /* "released": 1 true, 0 false, -1 absent */
+	/* op "cni" (the podnet CNI plugin, podnet_cni.c): what the plugin prints
+	 * and its exit status; cni_rc -1 if absent */
+	char cni_out[8192];
+	long long cni_rc;
 } pn_reply_t;
 
 /*

@@ -16,6 +16,7 @@ INSTALLED = {
     "podnet-init": "/usr/local/lib/podnet/podnet-init",
     "podnet-image-exec": "/usr/local/lib/podnet/podnet-image-exec",
     "pam_podnet.so": "/usr/local/lib/security/pam_podnet.so",
+    "podnet-container": "/usr/local/bin/podnet-container",
 }
 
 
@@ -41,6 +42,8 @@ def test_nodes_run_the_prebuilt_binaries_and_build_nothing() -> None:
         installed = {path: digest for digest, path in (ln.split() for ln in r.stdout.splitlines())}
         for name, path in INSTALLED.items():
             assert installed[path] == sums[name], (node, name)
+        mode = ssh(node, "stat -c '%a %U' /usr/local/bin/podnet-container").stdout.split()
+        assert mode == ["4755", "root"], (node, mode)
         # no build directory: the roles copied binaries, they compiled nothing here
         r = ssh(node, "ls /usr/local/src/podnet 2>/dev/null | wc -l")
         assert r.stdout.strip() == "0", (node, r.stdout)

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 from podnet import __version__
 from podnet.alloc import Allocator, AllocError
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
+from podnet.containers import Containers
 from podnet.dataplane import Dataplane
 from podnet.egress import ensure_egress_route, set_egress_route
 from podnet.etcd_sync import EtcdSync
@@ -72,6 +73,7 @@ class Agent:
         # etcd round trips that overlap with netlink work (job_up)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
         self._rooms: _Rooms | None = None
+        self.containers = Containers(self)
 
     @property
     def rooms(self) -> _Rooms:
@@ -117,6 +119,7 @@ class Agent:
         rooms.lease.register()
         rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
         rooms.sync.refresh_nodes()
+        rooms.reconcile.adopt_container = self.containers.adopt
         rooms.reconcile.reconcile()
         rooms.sync.sync_routes()
         rooms.sync.watch(rev, self.stop)
@@ -126,6 +129,7 @@ class Agent:
             ("sessions", self._session_loop),
             ("gc", lambda: rooms.reconcile.run_gc(self.stop, self.job_down)),
             ("linger", lambda: rooms.nets.run(self.stop)),
+            ("containers", lambda: self.containers.run(self.stop)),
         ]
         for name, target in loops:
             threading.Thread(target=target, name=name, daemon=True).start()

@@ -129,6 +129,9 @@ class NodeConfig:
     #: users (names or uids) whose host-side sockets may open connections to pods:
     #: root, the Slurm user (slurmctld); every other host-side socket reaches no pod
     host_users: list[str] = field(default_factory=lambda: ["root"])
+    #: containers (`container_add`, the podnet CNI plugin) for users without a job pod on
+    #: this node (login nodes: HPK outside a job); False: only beside a job pod
+    containers_outside_jobs: bool = False
     #: host_users resolved to uids (at load; not a setting)
     host_uids: list[int] = field(default_factory=lambda: [0])
 
@@ -214,6 +217,11 @@ class NodeConfig:
                 f"{where}: 'root_connections' ({c.root_connections}) must be smaller than "
                 f"'max_connections' ({c.max_connections}): users need some"
             )
+        if "containers_outside_jobs" in d:
+            v = d["containers_outside_jobs"]
+            if not isinstance(v, bool):
+                raise ConfigError(f"{where}: 'containers_outside_jobs' must be true or false")
+            c.containers_outside_jobs = v
         if "roles" in d:
             c.roles = _strlist(d["roles"], "roles", where)
         if "log_level" in d:

@@ -34,7 +34,7 @@ class PodnetError(Exception):
 
 @dataclass
 class Pod:
-    kind: str  # job | login
+    kind: str  # job | login | container
     name: str
     netns: str
     ip: str
@@ -47,11 +47,21 @@ class Pod:
     names: list[str] = field(default_factory=list)
     veth: str = ""
     created: float = field(default_factory=time.time)
+    # containers (containers.py): the runtime's id and interface, the process whose
+    # exit releases it (pid + start time; 0: DEL only), the netns path it was given
+    container_id: str = ""
+    ifname: str = ""
+    pid: int = 0
+    pid_start: int = 0
+    source: str = ""
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        d.pop("veth", None)
-        d.pop("vni", None)
+        for k in ("veth", "vni", "pid_start"):
+            d.pop(k, None)
+        if self.kind != "container":
+            for k in ("container_id", "ifname", "pid", "source"):
+                d.pop(k, None)
         return d
 
     @classmethod

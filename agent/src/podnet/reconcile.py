@@ -21,6 +21,7 @@ from collections.abc import Callable
 from podnet import nl
 from podnet.alloc import Allocator, Job
 from podnet.config import ClusterConfig, NodeConfig
+from podnet.containers import is_container_ns
 from podnet.dataplane import Dataplane
 from podnet.etcd_sync import EtcdSync
 from podnet.names import Keys
@@ -63,6 +64,8 @@ class Reconciler:
         self.sync = sync
         self.sessions = sessions
         self.lease_id = lease_id
+        #: containers.Containers.adopt (set by the agent; None: containers are removed)
+        self.adopt_container: Callable[[str], Pod | None] | None = None
 
     # -- at start ----------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -95,11 +98,13 @@ class Reconciler:
         self.sync.resync_firewall()
 
     def adopt(self, name: str) -> Pod | None:
-        veth = self.dp.pod_veth(name) or ""
+        veth = "" if is_container_ns(name) else self.dp.pod_veth(name) or ""
         if name.startswith("pn-j") and name[4:].isdigit():
             return self._adopt_job(name, veth)
         if name.startswith("pn-l") and name[4:].isdigit():
             return self._adopt_login(name, veth)
+        if is_container_ns(name) and self.adopt_container is not None:
+            return self.adopt_container(name)
         return None
 
     def _adopt_job(self, name: str, veth: str) -> Pod | None:

@@ -25,8 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podnet import publish
+from podnet import cni, publish
 from podnet.agent import Agent, PodnetError
+from podnet.client import ApiError
+from podnet.nl import mac_for_ip as nl_mac
 from podnet.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
@@ -106,6 +108,10 @@ class Handler:
             "publish": self.publish,
             "unpublish": self.unpublish,
             "published": self.published,
+            "container_add": self.container_add,
+            "container_del": self.container_del,
+            "container_check": self.container_check,
+            "cni": self.cni,
         }
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
@@ -214,6 +220,71 @@ class Handler:
     def status(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         del peer, req
         return self.agent.status()
+
+    # -- containers (containers.py; the podnet CNI plugin and podnet-container) ----------
+    def _container_args(self, req: dict[str, Any]) -> tuple[str, str]:
+        return _name(req, "container_id", 1024), _name(req, "ifname", 15)
+
+    def container_add(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        cid, ifname = self._container_args(req)
+        netns = _text(req, "netns", 4096)
+        label = _text(req, "name", 63)
+        # root may name the user and the process (a runtime acting for a user); a user's
+        # own identity is SO_PEERCRED's, whatever the request says
+        uid = _opt_int(req, "uid", 1, 2**31 - 1) if peer.root else None
+        pid = _opt_int(req, "pid", 1, 2**31 - 1) if peer.root else None
+        pod = self.agent.containers.add(peer.uid, peer.pid, cid, ifname, netns, label, uid, pid)
+        return {"pod": self._container_reply(pod)}
+
+    def _container_reply(self, pod: Any) -> dict[str, Any]:
+        cc = self.agent.cluster
+        out = dict(pod.public())
+        out["mac"] = nl_mac(pod.ip)
+        out["gateway"] = cc.gateway_ip
+        out["dns"] = {
+            "nameservers": list(cc.dns_servers),
+            "domain": f"{pod.user}.{cc.zone}",
+            "search": [f"{pod.user}.{cc.zone}", *cc.search_domains],
+        }
+        return out
+
+    def _find_container(self, peer: Peer, req: dict[str, Any]) -> Any:
+        cid, ifname = self._container_args(req)
+        uid = _opt_int(req, "uid", 1, 2**31 - 1) if peer.root else None
+        return self.agent.containers.find(peer.uid, cid, ifname, uid)
+
+    def container_del(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        pod = self._find_container(peer, req)
+        return {"released": bool(pod and self.agent.containers.delete(pod))}
+
+    def container_check(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        pod = self._find_container(peer, req)
+        if pod is None:
+            raise PodnetError("ENOENT", "no such container interface on this node")
+        return {"pod": self._container_reply(pod), "problems": self.agent.containers.check(pod)}
+
+    def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,
+        served by podnet.cni on this caller's behalf; what the plugin prints and its
+        exit status."""
+        env = {
+            "CNI_COMMAND": _text(req, "command", 16),
+            "CNI_CONTAINERID": _text(req, "container_id", 1024),
+            "CNI_NETNS": _text(req, "netns", 4096),
+            "CNI_IFNAME": _text(req, "ifname", 64),
+            "CNI_ARGS": _text(req, "args", 4096),
+            "CNI_PATH": _text(req, "path", 4096),
+        }
+        config = _text(req, "config", cni.MAX_CONFIG).encode()
+
+        def via(op: str, **args: Any) -> dict[str, Any]:
+            try:
+                return self.ops[op](peer, {"v": VERSION, "op": op, **args})
+            except PodnetError as e:
+                raise ApiError(e.code, e.message) from None
+
+        rc, out = cni.serve(env, config, via)
+        return {"cni_rc": rc, "cni_out": out}
 
     # -- published ports (podnet publish; docs/gateway.md) -------------------------------
     @staticmethod

@@ -559,3 +559,110 @@ def test_image_exec_runs_apptainer_with_the_tasks_program(tmp_path: Path) -> Non
         [str(exe), "x"], env={"PATH": "/usr/bin"}, capture_output=True, text=True, check=False
     )
     assert bad.returncode == 127 and "run by the podnet SPANK plugin only" in bad.stderr
+
+
+def test_container_helper_builds_and_runs_no_program_but_the_callers(tmp_path: Path) -> None:
+    """podnet-container (setuid root): from the spank role's files, warning-free; its one
+    exec is the caller's command after dropping privileges (no system, popen, fork)."""
+    cc()
+    exe = _role_build(tmp_path, "spank", "podnet-container")
+    assert _undefined(exe) & SHELL_OUTS == {"execvp"}
+    # not setuid here: it says so and runs nothing
+    r = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(exe), "--", "id"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 126 and "setuid" in r.stderr and "uid=" not in r.stdout, r
+    r = subprocess.run(
+        [str(exe), "--name", "Bad_Name", "--", "id"], capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 126 and "DNS label" in r.stderr, r
+    r = subprocess.run([str(exe)], capture_output=True, text=True, check=False)
+    assert r.returncode == 2 and "usage" in r.stderr
+
+
+def test_cni_plugin_relays_the_request_and_prints_podnetds_answer(tmp_path: Path) -> None:
+    """podnet-cni (the podnet CNI plugin in C): the CNI variables and the configuration
+    from stdin go to podnetd as one `cni` request; it prints `cni_out` and exits with
+    `cni_rc`; refusals and a missing daemon are CNI error objects."""
+    import json as _json  # noqa: PLC0415
+    import socket as _socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    cc()
+    exe = _role_build(tmp_path, "spank", "podnet-cni")
+    assert not _undefined(exe) & SHELL_OUTS
+    path = tmp_path / "s"
+    srv = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    srv.bind(str(path))
+    srv.listen(4)
+    seen: list[dict[str, Any]] = []
+    replies = [
+        {"v": 1, "ok": True, "cni_rc": 0, "cni_out": '{"cniVersion":"1.0.0","ips":[]}\n'},
+        {"v": 1, "ok": True, "cni_rc": 1, "cni_out": '{"code":101,"msg":"drift"}\n'},
+        {"v": 1, "ok": False, "error": {"code": "EPERM", "message": 'not "yours"'}},
+    ]
+
+    def serve() -> None:
+        for reply in replies:
+            conn = srv.accept()[0]
+            with conn:
+                buf = b""
+                while not buf.endswith(b"\n"):
+                    buf += conn.recv(65536)
+                seen.append(_json.loads(buf))
+                conn.sendall(_json.dumps(reply).encode() + b"\n")
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    conf = '{"cniVersion":"1.0.0","name":"podnet","type":"podnet","x":"\\u00e9\\n"}'
+    env = {
+        "CNI_COMMAND": "ADD",
+        "CNI_CONTAINERID": "ctr-1",
+        "CNI_NETNS": "/proc/42/ns/net",
+        "CNI_IFNAME": "eth0",
+        "CNI_ARGS": "PODNET_NAME=web",
+        "CNI_PATH": "/usr/lib/cni",
+        "PODNET_SOCKET": str(path),
+    }
+    outs = [
+        subprocess.run([str(exe)], input=conf, env=env, capture_output=True, text=True, check=False)
+        for _ in replies
+    ]
+    t.join(5)
+    assert seen[0] == {
+        "v": 1,
+        "op": "cni",
+        "command": "ADD",
+        "container_id": "ctr-1",
+        "netns": "/proc/42/ns/net",
+        "ifname": "eth0",
+        "args": "PODNET_NAME=web",
+        "path": "/usr/lib/cni",
+        "config": conf,
+    }
+    assert (outs[0].returncode, outs[0].stdout) == (0, '{"cniVersion":"1.0.0","ips":[]}\n')
+    assert outs[1].returncode == 1 and _json.loads(outs[1].stdout)["code"] == 101
+    err = _json.loads(outs[2].stdout)
+    assert outs[2].returncode == 1 and err["code"] == 100 and 'not "yours"' in err["msg"]
+    # no daemon: try again later; VERSION needs none
+    r = subprocess.run(
+        [str(exe)],
+        input=conf,
+        env={**env, "PODNET_SOCKET": str(tmp_path / "x")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 1 and _json.loads(r.stdout)["code"] == 11
+    r = subprocess.run(
+        [str(exe)],
+        input="",
+        env={"CNI_COMMAND": "VERSION"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0 and "1.0.0" in _json.loads(r.stdout)["supportedVersions"]

@@ -1,0 +1,349 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The podnet CNI plugin and podnet-container (issue 10, parts 3-4; docs/hpk.md).
+
+Containers here are network namespaces of a user namespace the user made (`unshare -rn`,
+what `apptainer exec --fakeroot --net` makes), wired by the plugin `podnet` the apptainer
+role installs, driven through the CNI protocol itself (environment + stdin, spec 1.0;
+Debian has no `cnitool`). alice's containers on c1 and c2 reach each other and her job
+pods by name (ICMP, TCP, UDP); bob's container and pods reach none of them; DEL and the
+container's exit (kill -9 included) release the address and the name; CHECK reports a
+deleted interface; identity is the kernel's (bob cannot wire alice's namespace, nor the
+host's). Then
+`podnet-container` (setuid) in a job step runs an unprivileged fakeroot Apptainer
+container with its own address, HPK's parent/child pattern on it.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from conftest import CLUSTER, etcdctl, pod_of, ssh, wait_for
+
+PLUGIN = "/usr/lib/cni/podnet"
+CONF = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
+
+
+def userns(node: str, user: str) -> int:
+    """A process of `user` in a network namespace of a user namespace the user made."""
+    tag = f"/tmp/pncni-{user}-{time.monotonic_ns()}.pid"
+    ssh(
+        node,
+        f"runuser -u {user} -- setsid unshare -rn sh -c 'echo $$ >{tag}; exec sleep 900' "
+        "</dev/null >/dev/null 2>&1 &",
+    )
+
+    def written() -> str:
+        return ssh(node, f"cat {tag}", check=False).stdout.strip()
+
+    pid = wait_for(written, 30)
+    ssh(node, f"rm -f {tag}")
+    return int(pid)
+
+
+def cni(
+    node: str,
+    command: str,
+    cid: str,
+    netns: str = "",
+    user: str | None = None,
+    args: str = "",
+    conf: dict[str, Any] | None = None,
+) -> tuple[int, Any]:
+    """One plugin run as `user` (None: root): (exit status, the JSON it printed)."""
+    data = json.dumps({**json.loads(CONF), **(conf or {})})
+    env = (
+        f"CNI_COMMAND={command} CNI_CONTAINERID={cid} CNI_NETNS={netns} CNI_IFNAME=eth0 "
+        f"CNI_PATH=/usr/lib/cni CNI_ARGS='{args}'"
+    )
+    run = f"runuser -u {user} -- " if user else ""
+    b64 = base64.b64encode(data.encode()).decode()
+    r = ssh(node, f"echo {b64} | base64 -d | {run}env {env} {PLUGIN}; echo rc=$?", check=False)
+    out, _, rc = r.stdout.rpartition("rc=")
+    text = out.strip()
+    return int(rc.strip() or 1), json.loads(text) if text else None
+
+
+def in_ns(node: str, pid: int, cmd: str, check: bool = False) -> str:
+    """`cmd` as root in the network namespace of process `pid`; stdout + status."""
+    r = ssh(node, f"nsenter -t {pid} -n {cmd}; echo rc=$?", check=check)
+    return r.stdout
+
+
+def reaches(node: str, pid: int, ip: str) -> bool:
+    return "rc=0" in in_ns(node, pid, f"ping -c1 -W2 {ip} >/dev/null 2>&1")
+
+
+def tcp_open(node: str, pid: int, ip: str, port: int) -> bool:
+    probe = f"timeout 4 bash -c 'echo x >/dev/tcp/{ip}/{port}' 2>/dev/null"
+    return "rc=0" in in_ns(node, pid, probe)
+
+
+def udp_echo(node: str, pid: int, ip: str, port: int) -> bool:
+    probe = (
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2); "
+        f"s.sendto(b'ping', ('{ip}', {port})); print(s.recvfrom(64)[0].decode())"
+    )
+    return "ping" in in_ns(node, pid, f'python3 -c "{probe}" 2>/dev/null')
+
+
+def resolve(node: str, pid: int, name: str, dns: str) -> str:
+    out = in_ns(node, pid, f"dig +short +time=2 +tries=2 @{dns} {name}")
+    return out.replace("rc=0", "").strip()
+
+
+@pytest.fixture(scope="module")
+def world(jobs: dict[str, int]) -> Iterator[dict[str, Any]]:
+    """alice: containers a1 (c1, she runs the plugin) and a2 (c2, root runs it for her
+    namespace); bob: b1 (c1). Their processes are killed at the end."""
+    w: dict[str, Any] = {"jobs": jobs, "procs": []}
+    try:
+        for key, node, user, runner in (
+            ("a1", "c1", "alice", "alice"),
+            ("a2", "c2", "alice", None),
+            ("b1", "c1", "bob", "bob"),
+        ):
+            pid = userns(node, user)
+            w["procs"].append((node, pid))
+            rc, res = cni(
+                node, "ADD", f"e2e-{key}", f"/proc/{pid}/ns/net", runner, f"PODNET_NAME={key}"
+            )
+            assert rc == 0, (key, res)
+            w[key] = {"node": node, "pid": pid, "res": res, "ip": res["ips"][0]["address"]}
+            w[key]["ip"] = w[key]["ip"].split("/")[0]
+        yield w
+    finally:
+        for node, pid in w["procs"]:
+            ssh(node, f"kill -9 {pid}", check=False)
+
+
+def test_version_and_the_installed_network() -> None:
+    rc, res = cni("c1", "VERSION", "x")
+    assert rc == 0 and "1.0.0" in res["supportedVersions"], res
+    conf = json.loads(ssh("c1", "cat /etc/apptainer/network/60_podnet.conflist").stdout)
+    assert conf["name"] == "podnet" and conf["plugins"][0]["type"] == "podnet"
+    assert ssh("c1", f"readlink {PLUGIN}").stdout.strip().endswith("/podnet-cni")
+
+
+def test_alices_containers_reach_each_other_and_her_pods_by_name_bobs_nothing(
+    world: dict[str, Any],
+) -> None:
+    a1, a2, b1 = world["a1"], world["a2"], world["b1"]
+    res = a1["res"]
+    assert res["cniVersion"] == "1.0.0" and res["interfaces"][0]["name"] == "eth0"
+    assert res["dns"]["domain"] == f"alice.{CLUSTER}"
+    dns = res["dns"]["nameservers"][0]
+    # names: <container>.<user>.<cluster>, and the job pods' names
+    assert resolve("c1", a1["pid"], f"a2.alice.{CLUSTER}", dns) == a2["ip"]
+    assert resolve("c2", a2["pid"], f"a1.alice.{CLUSTER}", dns) == a1["ip"]
+    job = world["jobs"]["alice"]
+    pod1 = resolve("c1", a1["pid"], f"pod1.{job}.alice.{CLUSTER}", dns)
+    assert pod1 == pod_of("c2", job)["ip"]
+    # alice: container <-> container across nodes, container -> her pods on both nodes
+    assert reaches("c1", a1["pid"], a2["ip"])
+    assert reaches("c2", a2["pid"], a1["ip"])
+    assert reaches("c1", a1["pid"], pod1)
+    assert reaches("c1", a1["pid"], pod_of("c1", job)["ip"])
+    # TCP: a listener in a2; alice's container connects, bob's does not
+    ssh(
+        "c2",
+        f"nsenter -t {a2['pid']} -n setsid timeout 120 python3 -m http.server 8088 "
+        f"--bind {a2['ip']} </dev/null >/dev/null 2>&1 &",
+    )
+    assert wait_for(lambda: tcp_open("c1", a1["pid"], a2["ip"], 8088), 30)
+    assert not tcp_open("c1", b1["pid"], a2["ip"], 8088)
+    # UDP: an echo in a2; alice's container gets the answer, bob's does not
+    echo = (
+        "import socket; s=socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+        f"s.bind(('{a2['ip']}', 8089)); "
+        "[s.sendto(d, a) for d, a in iter(lambda: s.recvfrom(512), None)]"
+    )
+    ssh(
+        "c2",
+        f'nsenter -t {a2["pid"]} -n setsid timeout 120 python3 -c "{echo}" '
+        "</dev/null >/dev/null 2>&1 &",
+    )
+    assert wait_for(lambda: udp_echo("c1", a1["pid"], a2["ip"], 8089), 30)
+    assert not udp_echo("c1", b1["pid"], a2["ip"], 8089)
+    # bob's container: none of alice's, same node or across, ICMP or TCP
+    bob_job = world["jobs"]["bob"]
+    for ip in (a1["ip"], a2["ip"], pod1, pod_of("c1", job)["ip"]):
+        assert not reaches("c1", b1["pid"], ip), ip
+    # bob's job pods reach none of alice's containers
+    for node, ip in (("c1", a1["ip"]), ("c2", a1["ip"]), ("c2", a2["ip"])):
+        bp = pod_of(node, bob_job)["netns"].rsplit("/", 1)[-1]
+        r = ssh(node, f"ip netns exec {bp} ping -c1 -W2 {ip}", check=False)
+        assert r.returncode != 0, (node, ip)
+    # and bob's container reaches bob's own pod (it is on his network)
+    assert reaches("c1", b1["pid"], pod_of("c2", bob_job)["ip"])
+
+
+def test_identity_comes_from_the_kernel(world: dict[str, Any]) -> None:
+    a1 = world["a1"]
+    # bob cannot wire alice's container namespace ...
+    rc, err = cni("c1", "ADD", "e2e-steal", f"/proc/{a1['pid']}/ns/net", "bob")
+    assert rc == 1 and "EPERM" in err["msg"], err
+    # ... nor the host's (his own shell's namespace), nor a job pod's
+    rc, err = cni("c1", "ADD", "e2e-host", "/proc/1/ns/net", "bob")
+    assert rc == 1 and "host's network namespace" in err["msg"], err
+    bob_pod = pod_of("c1", world["jobs"]["bob"])["netns"]
+    rc, err = cni("c1", "ADD", "e2e-pod", bob_pod, "bob")
+    assert rc == 1 and "EPERM" in err["msg"], err
+    # CNI_ARGS cannot make bob's namespace alice's
+    pid = userns("c1", "bob")
+    try:
+        rc, res = cni("c1", "ADD", "e2e-claim", f"/proc/{pid}/ns/net", "bob", "PODNET_UID=2001")
+        assert rc == 0, res
+        mine = json.loads(ssh("c1", "podnet --json pods").stdout)
+        claim = next(p for p in mine if p.get("container_id") == "e2e-claim")
+        assert claim["user"] == "bob", claim
+        assert cni("c1", "DEL", "e2e-claim", "", "bob")[0] == 0
+    finally:
+        ssh("c1", f"kill -9 {pid}", check=False)
+    # carol has no job on c1: compute nodes want one; the login node allows it (lab)
+    for node, ok in (("c1", False), ("login", True)):
+        pid = userns(node, "carol")
+        try:
+            rc, res = cni(node, "ADD", "e2e-carol", f"/proc/{pid}/ns/net", "carol")
+            assert (rc == 0) == ok, (node, res)
+            if ok:
+                cni(node, "DEL", "e2e-carol", "", "carol")
+        finally:
+            ssh(node, f"kill -9 {pid}", check=False)
+
+
+def _records(ip: str, name: str) -> str:
+    return etcdctl(f"get /podnet/{CLUSTER}/ips/{ip}") + etcdctl(
+        f"get --prefix /skydns/{CLUSTER}/{name}/"
+    )
+
+
+def test_check_reports_drift_and_del_releases(world: dict[str, Any]) -> None:
+    b1 = world["b1"]
+    prev = {"prevResult": b1["res"]}
+    rc, err = cni("c1", "CHECK", "e2e-b1", f"/proc/{b1['pid']}/ns/net", "bob", conf=prev)
+    assert rc == 0, err
+    # a manual `ip link del` of the container's interface
+    in_ns("c1", b1["pid"], "ip link del eth0", check=True)
+    rc, err = cni("c1", "CHECK", "e2e-b1", f"/proc/{b1['pid']}/ns/net", "bob", conf=prev)
+    assert rc == 1 and err["code"] == 101 and "missing" in err["details"], err
+    assert _records(b1["ip"], "bob/b1")
+    rc, _ = cni("c1", "DEL", "e2e-b1", f"/proc/{b1['pid']}/ns/net", "bob")
+    assert rc == 0
+    assert not _records(b1["ip"], "bob/b1")
+    assert not any(
+        p.get("container_id") == "e2e-b1"
+        for p in json.loads(ssh("c1", "podnet --json pods").stdout)
+    )
+    # DEL again: nothing left, still success
+    assert cni("c1", "DEL", "e2e-b1", "", "bob")[0] == 0
+
+
+def test_a_podnetd_restart_adopts_containers(world: dict[str, Any]) -> None:
+    a1, a2 = world["a1"], world["a2"]
+    ssh("c1", "systemctl restart podnetd")
+
+    def listed() -> bool:
+        r = ssh("c1", "podnet --json pods", check=False)
+        return r.returncode == 0 and any(
+            p.get("container_id") == "e2e-a1" for p in json.loads(r.stdout)
+        )
+
+    wait_for(listed, 60)
+    assert reaches("c1", a1["pid"], a2["ip"])
+    rc, err = cni(
+        "c1",
+        "CHECK",
+        "e2e-a1",
+        f"/proc/{a1['pid']}/ns/net",
+        "alice",
+        conf={"prevResult": a1["res"]},
+    )
+    assert rc == 0, err
+
+
+def test_exit_and_kill9_release_address_and_name(world: dict[str, Any]) -> None:
+    a2 = world["a2"]
+    assert _records(a2["ip"], "alice/a2")
+    ssh("c2", f"kill -9 {a2['pid']}")
+    wait_for(lambda: not _records(a2["ip"], "alice/a2"), 60)
+    assert not any(
+        p.get("container_id") == "e2e-a2"
+        for p in json.loads(ssh("c2", "podnet --json pods").stdout)
+    )
+    assert not ssh("c2", "ls /run/netns | grep '^pn-c' || true").stdout.strip()
+
+
+MKROOT = """set -e
+d=$1
+rm -rf "$d"
+mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
+for b in /bin/sh /bin/cat /bin/sleep /bin/ping /bin/readlink /usr/bin/timeout; do
+    cp "$b" "$d/bin/"
+    for l in $(ldd "$b" | grep -o '/[^ ]*'); do
+        mkdir -p "$d$(dirname "$l")"
+        cp -n "$l" "$d$l"
+    done
+done
+"""
+
+
+def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
+    world: dict[str, Any],
+) -> None:
+    job = world["jobs"]["alice"]
+    a1 = world["a1"]
+    b64 = base64.b64encode(MKROOT.encode()).decode()
+    ssh("c1", f"echo {b64} | base64 -d >/tmp/pncni-mkroot.sh && chmod 0755 /tmp/pncni-mkroot.sh")
+    step = f"runuser -u alice -- srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3"
+    built = ssh(
+        "login",
+        f"cd /tmp && {step} sh -c '/tmp/pncni-mkroot.sh /tmp/pncni-root && "
+        "apptainer -q build -F /tmp/pncni.sif /tmp/pncni-root >/dev/null && echo built'",
+        timeout=180,
+    ).stdout
+    assert "built" in built, built
+    # HPK's pattern: the parent container gets its own address and name; a child
+    # container started beside it shares its network namespace (localhost between them)
+    run = (
+        "#!/bin/sh\n"
+        "apptainer -q exec --fakeroot /tmp/pncni.sif sh -c 'cat /proc/net/fib_trie; "
+        f"ping -c1 -W3 {a1['ip']} >/dev/null && echo reached-a1; "
+        f"ping -c1 -W3 pod1.{job}.alice.{CLUSTER} >/dev/null && echo reached-pod1; "
+        "echo parent-ns=$(readlink /proc/self/ns/net)'\n"
+        "apptainer -q exec --fakeroot /tmp/pncni.sif sh -c "
+        "'echo child-ns=$(readlink /proc/self/ns/net)'\n"
+    )
+    b64 = base64.b64encode(run.encode()).decode()
+    ssh("c1", f"echo {b64} | base64 -d >/tmp/pncni-run.sh && chmod 0755 /tmp/pncni-run.sh")
+    out = ssh(
+        "login",
+        f"cd /tmp && {step} podnet-container --name parent -- /tmp/pncni-run.sh",
+        timeout=180,
+    ).stdout
+    assert "reached-a1" in out and "reached-pod1" in out, out
+    parent_ns = re.findall(r"parent-ns=(\S+)", out)
+    assert parent_ns and parent_ns == re.findall(r"child-ns=(\S+)", out), out
+    ips = re.findall(r"\|-- (198\.1[89]\.\d+\.\d+)\n\s+/32 host LOCAL", out)
+    assert ips, out
+    # the step's own pod network namespace differs from the container's
+    pod_ns = ssh("login", f"cd /tmp && {step} readlink /proc/self/ns/net").stdout.strip()
+    assert pod_ns and pod_ns != parent_ns[0], (pod_ns, out)
+    # released when the container exits: no pn-c namespace of alice is left on c1
+    wait_for(
+        lambda: (
+            not [
+                p
+                for p in json.loads(ssh("c1", "podnet --json pods").stdout)
+                if p.get("kind") == "container"
+                and p.get("container_id", "").startswith("podnet-container-")
+            ]
+        ),
+        30,
+    )
+    ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-mkroot.sh /tmp/pncni-run.sh")
