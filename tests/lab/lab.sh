@@ -138,7 +138,8 @@ parse_subnet() {
     HOST_IP=$(int2ip $((NET + 1)))
     local count
     count=$(wc -w <<<"$LAB_NODES")
-    (( NET + 10 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
+    # the last node is .(10 + count - 1); it must be below the broadcast address
+    (( NET + 9 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
 }
 node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...); ext: external
     local n i=0
