@@ -18,6 +18,7 @@ from pathlib import Path
 from conftest import (
     CLUSTER,
     LAB,
+    PORT,
     REPO,
     SPARE,
     Workload,
@@ -86,6 +87,49 @@ def test_restore_brings_back_deleted_keys_and_reconciles(work: Workload) -> None
     work.check("restore", t0)
 
 
+def slurmctld_process() -> tuple[str, str]:
+    """slurmctld's main PID and the time systemd started it."""
+    out = ssh(
+        "ctl",
+        "systemctl show -P MainPID slurmctld; systemctl show -P ExecMainStartTimestamp slurmctld",
+    )
+    pid, started = out.stdout.strip().splitlines()
+    assert int(pid) > 0, out.stdout
+    return pid, started
+
+
+def test_scale_adds_the_spare_node_without_touching_slurmctld(work: Workload) -> None:
+    """The SPARE node (a Slurm dynamic node, left out of site.yml by run.sh) joins with
+    scale.yml --limit SPARE while the workload runs: slurmctld keeps running (same process),
+    alice's job on SPARE gets a pod and reaches her job's pod on c2 by name; a rerun and
+    --check --diff change nothing."""
+    assert "pnbr" not in ssh(SPARE, "ip -br link").stdout, f"{SPARE} has podnet before scale.yml"
+    ctld = slurmctld_process()
+    t0 = time.time()
+    out, took = playbook("scale.yml", "--limit", SPARE)
+    assert slurmctld_process() == ctld, "slurmctld was restarted"
+    assert recap(out)[SPARE]["changed"] > 0, out[-3000:]
+    state = ssh("login", f"sinfo -h -N -n {SPARE} -o %T").stdout.strip()
+    assert state in ("idle", "mixed", "allocated"), state
+    job_out = ssh(
+        "alice@login",
+        f"cd /tmp && srun -N1 -w {SPARE} -t 2 sh -c \"ip -br -4 addr show eth0; python3 -c '"
+        "import socket; s = socket.create_connection("
+        f'(\\"pod1.{work.job}.alice.{CLUSTER}\\", {PORT}), timeout=10); '
+        's.sendall(b\\"scale\\"); print(s.recv(16))\'"',
+        timeout=180,
+    ).stdout
+    assert "198.18." in job_out or "198.19." in job_out, job_out
+    assert "b'scale'" in job_out, job_out
+    print(f"day2: scale.yml --limit {SPARE}: {took:.0f} s, slurmctld pid {ctld[0]} kept")
+    work.check("scale", t0)
+    out, _ = playbook("scale.yml", "--limit", SPARE)
+    assert recap(out)[SPARE]["changed"] == 0, out[-3000:]
+    out, _ = playbook("scale.yml", "--limit", SPARE, "--check", "--diff")
+    assert recap(out)[SPARE]["changed"] == 0, out[-3000:]
+    assert slurmctld_process() == ctld, "slurmctld was restarted"
+
+
 def test_reset_spare_node_leaves_slurm_and_ssh_working(work: Workload) -> None:
     # a podnet job on the spare node first, so that there is something to remove
     ssh("alice@login", f"cd /tmp && srun -N1 -w {SPARE} -t 1 ip -br -4 addr show eth0")
@@ -118,8 +162,10 @@ def test_remove_node_leaves_no_key_naming_it(work: Workload) -> None:
     assert not [k for k in keys if k.split("/")[-1] == SPARE or f"/{SPARE}/" in k], keys
     blocks = etcdctl(f"get --prefix /podnet/{CLUSTER}/blocks/")
     assert f'"{SPARE}"' not in blocks, blocks
-    state = ssh("login", f"sinfo -h -N -n {SPARE} -o %T").stdout
-    assert "drain" in state, state
+    # SPARE is a Slurm dynamic node (run.sh): deleted from Slurm, its slurmd stopped
+    nodes = ssh("login", "sinfo -h -N -o %N").stdout.split()
+    assert SPARE not in nodes, nodes
+    assert ssh(SPARE, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
     out, _ = playbook("remove_node.yml", "-e", f"podnet_remove_nodes={SPARE}")
     assert all(c["changed"] == 0 for h, c in recap(out).items() if h != SPARE), out[-3000:]
     work.check("remove_node", t0)

@@ -9,7 +9,9 @@
 #      LAB_ETCD_NODES (ctl), LAB_INVENTORY, PODNET_CACHE_DIR (/var/cache/podnet-dev),
 #      LAB_NSPAWN_ARGS (extra systemd-nspawn options for nodes booted by this up),
 #      LAB_GATEWAYS (0; 1 adds gw1 gw2 ext and the external network LAB_EXT_SUBNET,
-#      default 203.0.113.192/27, on a second bridge <LAB_NAME>bx0: docs/lab.md).
+#      default 203.0.113.192/27, on a second bridge <LAB_NAME>bx0: docs/lab.md),
+#      LAB_DYNAMIC_NODES (""; compute nodes marked slurm_node_dynamic in the inventory:
+#      Slurm dynamic nodes that playbooks/scale.yml adds later, tests/day2).
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -17,12 +19,13 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 # Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
 # external bridge, and ext, a host outside the cluster on that bridge only.
 LAB_GATEWAYS=${LAB_GATEWAYS:-0}
 LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
+LAB_DYNAMIC_NODES=${LAB_DYNAMIC_NODES:-}
 GW_NODES="gw1 gw2"
 EXT_NODE=ext
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
@@ -138,7 +141,8 @@ parse_subnet() {
     HOST_IP=$(int2ip $((NET + 1)))
     local count
     count=$(wc -w <<<"$LAB_NODES")
-    (( NET + 10 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
+    # the last node is .(10 + count - 1); it must be below the broadcast address
+    (( NET + 9 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
 }
 node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...); ext: external
     local n i=0
@@ -183,9 +187,9 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\n' \
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
-        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" >"$STATE/lab.env.tmp"
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
@@ -483,6 +487,9 @@ write_inventory() {
             echo "        $n:"
             echo "          ansible_host: $(node_ip "$n")"
             echo "          podnet_underlay_ip: $(node_ip "$n")"
+            if [[ " $LAB_DYNAMIC_NODES " == *" $n "* ]]; then
+                echo "          slurm_node_dynamic: true"
+            fi
         done
         echo "      children:"
         for group in etcd dns gateway slurmctld login compute; do
@@ -556,6 +563,7 @@ cmd_up() {
         [[ $explicit == *" LAB_ETCD_NODES "* ]] || LAB_ETCD_NODES=$(saved_var LAB_ETCD_NODES)
         [[ $explicit == *" LAB_GATEWAYS "* ]] || LAB_GATEWAYS=$(saved_var LAB_GATEWAYS)
         [[ $explicit == *" LAB_EXT_SUBNET "* ]] || LAB_EXT_SUBNET=$(saved_var LAB_EXT_SUBNET)
+        [[ $explicit == *" LAB_DYNAMIC_NODES "* ]] || LAB_DYNAMIC_NODES=$(saved_var LAB_DYNAMIC_NODES)
         LAB_GATEWAYS=${LAB_GATEWAYS:-0}
         LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
