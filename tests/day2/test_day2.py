@@ -134,14 +134,19 @@ def test_reset_spare_node_leaves_slurm_and_ssh_working(work: Workload) -> None:
     # a podnet job on the spare node first, so that there is something to remove
     ssh("alice@login", f"cd /tmp && srun -N1 -w {SPARE} -t 1 ip -br -4 addr show eth0")
     assert "pnbr" in ssh(SPARE, "ip -br link").stdout
+    # scale.yml put Flannel there too (the lab runs it on compute nodes)
+    assert "flannel.1" in ssh(SPARE, "ip -br link").stdout
     t0 = time.time()
     playbook("reset.yml", "--limit", SPARE, "-e", "podnet_reset_confirm=yes")
     left = ssh(
         SPARE,
         "ls /etc/systemd/system/podnetd.service /etc/ssh/sshd_config.d/50-podnet.conf "
         "/etc/slurm/plugstack.conf.d/podnet.conf /etc/podnet /usr/local/lib/podnet "
-        "/usr/local/lib/security/pam_podnet.so 2>/dev/null; grep -c pam_podnet /etc/pam.d/sshd; "
-        "ip -br link | grep -c '^pn'; nft list tables | grep -c podnet; ls /run/netns | wc -l",
+        "/usr/local/lib/security/pam_podnet.so /etc/systemd/system/flanneld.service /etc/flannel "
+        "/usr/local/bin/flanneld /etc/apptainer/network/50_flannel.conflist "
+        "/etc/apptainer/network/60_podnet.conflist /usr/lib/cni/podnet 2>/dev/null; "
+        "grep -c pam_podnet /etc/pam.d/sshd; ip -br link | grep -c '^pn\\|^flannel'; "
+        "nft list tables | grep -c podnet; ls /run/netns | wc -l",
         check=False,
     ).stdout.split()
     assert left == ["0", "0", "0", "0"], left
