@@ -3,7 +3,7 @@
  * standalone.c - a main() for the fuzz targets where libFuzzer is missing
  * (no clang): the Makefile builds fuzz_<target>.c with this file under
  * ASan/UBSan (gcc). It takes libFuzzer's command line (directories, and of
- * the -flags only -max_total_time, -max_len, -seed, -dict, -artifact_prefix),
+ * the -flags only -max_total_time, -runs, -max_len, -seed, -dict, -artifact_prefix),
  * runs every file of the directories, then random mutations of them (bit
  * flips, byte changes, inserts, deletes, copies, splices, dictionary words)
  * until the time is up. No coverage feedback: it is the "long random corpus"
@@ -213,7 +213,7 @@ int main(int argc, char **argv)
 {
 	long seconds = 60, max_len = 4096;
 	unsigned seed = (unsigned) time(NULL);
-	unsigned long long runs = 0;
+	unsigned long long runs = 0, max_runs = 0;
 	struct timespec t0, t;
 	double el;
 	int i;
@@ -223,6 +223,8 @@ int main(int argc, char **argv)
 
 		if (!strncmp(a, "-max_total_time=", 16))
 			seconds = atol(a + 16);
+		else if (!strncmp(a, "-runs=", 6))
+			max_runs = strtoull(a + 6, NULL, 10);
 		else if (!strncmp(a, "-max_len=", 9))
 			max_len = atol(a + 9);
 		else if (!strncmp(a, "-seed=", 6))
@@ -272,7 +274,7 @@ int main(int argc, char **argv)
 		clock_gettime(CLOCK_MONOTONIC, &t);
 		el = (double) (t.tv_sec - t0.tv_sec) +
 		     (double) (t.tv_nsec - t0.tv_nsec) / 1e9;
-		if (el >= (double) seconds)
+		if (el >= (double) seconds || (max_runs && runs >= max_runs))
 			break;
 	}
 	fprintf(stderr, "Done %llu runs in %.0f second(s)\n", runs, el);
