@@ -24,6 +24,7 @@ from conftest import (
     wait_for,
 )
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 
 NODES = ("ctl", "login", "c1", "c2")
 CERT_DIRS = ("/etc/etcd/pki", "/etc/podnet/pki", "/etc/coredns/pki", "/etc/flannel/pki")
@@ -78,7 +79,7 @@ def invocations() -> dict[str, str]:
 def signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:
     try:
         cert.verify_directly_issued_by(ca)
-    except (ValueError, TypeError, Exception):  # noqa: BLE001 - InvalidSignature and friends
+    except (InvalidSignature, ValueError, TypeError):
         return False
     return True
 
@@ -90,7 +91,7 @@ def controller_ca() -> x509.Certificate:
 def passes(out: str) -> dict[int, float]:
     """Seconds each pass of certs.yml took (its 'pass N begins at T' messages, and the end)."""
     starts = {int(n): float(t) for n, t in re.findall(r"pass (\d) begins at ([0-9.]+)", out)}
-    ends = sorted(starts.values())[1:] + [time.time()]
+    ends = [*sorted(starts.values())[1:], time.time()]
     return {n: round(e - t, 1) for (n, t), e in zip(sorted(starts.items()), ends, strict=True)}
 
 
@@ -100,8 +101,8 @@ def check_services(work: Workload) -> None:
     etcdctl("put /podnet-certs-test ok")
     assert "ok" in etcdctl("get /podnet-certs-test --print-value-only")
     etcdctl("del /podnet-certs-test")
-    pod = next(p for p in pods("c2") if str(p.get("job", p.get("jobid", ""))) == str(work.job))
-    ip = str(pod.get("ip", pod.get("address", ""))).split("/")[0]
+    pod = next(p for p in pods("c2") if str(p.get("job_id")) == str(work.job))
+    ip = str(pod["ip"]).split("/")[0]
     dns = ssh("ctl", f"dig +short @127.0.0.1 pod1.{work.job}.alice.{CLUSTER}").stdout
     assert ip and ip in dns, (pod, dns)
     out = ssh("alice@login", "cd /tmp && srun -N1 -w c1 -t 1 hostname -I", timeout=180).stdout
