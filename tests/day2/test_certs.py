@@ -8,10 +8,12 @@ whether it restarted."""
 from __future__ import annotations
 
 import datetime
+import os
 import re
 import time
 from pathlib import Path
 
+import pytest
 from conftest import (
     CLUSTER,
     LAB,
@@ -133,6 +135,10 @@ def test_certs_renew_short_lived(work: Workload) -> None:
     work.check("certs renew", t0)
 
 
+@pytest.mark.skipif(
+    os.environ.get("PODNET_DAY2_FULL", "") != "1",
+    reason="the CA rotation takes 10-20 min: PODNET_DAY2_FULL=1 make test-day2 (not in CI's time)",
+)
 def test_ca_rotation_all_phases(work: Workload) -> None:
     """Phases 1+2 (bundle, reissue), then 3 (finish); every certificate then chains to the
     new CA alone; etcd, CoreDNS and podnetd work; a rerun changes nothing. (The reissue also
