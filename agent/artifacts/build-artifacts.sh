@@ -115,32 +115,9 @@ fetch_etcd_locked() {
 fetch_apptainer() {
     (
         flock 9
-        fetch_apptainer_locked
+        # sid's Release files may be past Valid-Until between the archive's updates
+        fetch_deb sid apptainer "$(role_default apptainer apptainer_version)" "[check-valid-until=no]"
     ) 9>"$artifacts/.apptainer.lock"
-}
-
-fetch_apptainer_locked() {
-    local version deb tmp
-    version=$(awk '$1 == "apptainer_version:" { gsub(/"/, "", $2); print $2 }' "$here/../../roles/apptainer/defaults/main.yml")
-    [ -n "$version" ] || { echo "build-artifacts: no apptainer_version in roles/apptainer/defaults/main.yml" >&2; return 1; }
-    deb=$artifacts/apptainer_${version}_amd64.deb
-    if [ -s "$deb" ] && [ -s "$deb.sha256" ]; then
-        echo "apptainer: cached ($(basename "$deb"))"
-        return 0
-    fi
-    tmp=$(mktemp -d "$artifacts/.apptainer.XXXXXX")
-    trap 'rm -rf "$tmp"' RETURN
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb [check-valid-until=no] http://deb.debian.org/debian sid main" >"$tmp/sources.list"
-    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
-               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
-    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
-    (cd "$tmp/deb" && "${apt[@]}" download "apptainer=$version" >"$tmp/download.log" 2>&1) \
-        || { cat "$tmp/download.log" >&2; echo "apptainer: $version not in sid (any more?)" >&2; return 1; }
-    mv -f "$tmp/deb/apptainer_${version//:/%3a}_amd64.deb" "$deb"
-    (cd "$artifacts" && sha256sum "$(basename "$deb")" >"$deb.sha256.tmp" && mv -f "$deb.sha256.tmp" "$deb.sha256")
-    echo "apptainer: $(basename "$deb") sha256 $(cut -d' ' -f1 "$deb.sha256")"
 }
 
 # role_default ROLE VAR: a scalar default of roles/ROLE/defaults/main.yml
@@ -237,9 +214,10 @@ fetch_cni_plugins() {
     ) 9>"$artifacts/.cni-plugins.lock"
 }
 
-# fetch_deb SUITE PACKAGE VERSION: $artifacts/PACKAGE_VERSION_amd64.deb + .sha256 (isolated apt)
+# fetch_deb SUITE PACKAGE VERSION [SOURCE_OPTIONS]: $artifacts/PACKAGE_VERSION_amd64.deb +
+# .sha256 (isolated apt; SOURCE_OPTIONS such as "[check-valid-until=no]" go in the deb line)
 fetch_deb() {
-    local suite=$1 pkg=$2 version=$3 deb tmp
+    local suite=$1 pkg=$2 version=$3 options=${4:+$4 } deb tmp
     [ -n "$version" ] || { echo "build-artifacts: no version for $pkg" >&2; return 1; }
     deb=$artifacts/${pkg}_${version}_amd64.deb
     if [ -s "$deb" ] && [ -s "$deb.sha256" ]; then
@@ -249,7 +227,7 @@ fetch_deb() {
     tmp=$(mktemp -d "$artifacts/.$pkg.XXXXXX")
     trap 'rm -rf "$tmp"' RETURN
     mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
+    echo "deb ${options}http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
     local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
                -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
                -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
