@@ -308,12 +308,9 @@ class Allocator:
         ips: list[str] = []
         try:
             for node in nodes:
-                ip = self.ipam.candidate(node)
+                ip = self.next_address(node, new_blocks)
                 if ip is None:
-                    blk = self._claim_block(node, new_blocks)
-                    ip = self.ipam.candidate(node)
-                    if ip is None:
-                        raise AllocError(f"no address in new block {blk}")
+                    raise AllocError(f"no address in new block {new_blocks[-1][0]}")
                 ips.append(ip)
         except PoolExhausted:
             self._release(ips, new_blocks)
@@ -322,6 +319,18 @@ class Allocator:
             self._release(ips, new_blocks)
             raise
         return ips
+
+    def next_address(
+        self, node: str, new_blocks: list[tuple[ipaddress.IPv4Network, str]]
+    ) -> str | None:
+        """A candidate address of the node's blocks; when they are full, a new block is
+        claimed (appended to new_blocks; PoolExhausted when none is left) and asked again:
+        None only if even the new block has no free address."""
+        ip = self.ipam.candidate(node)
+        if ip is None:
+            self._claim_block(node, new_blocks)
+            ip = self.ipam.candidate(node)
+        return ip
 
     def _claim_block(
         self, node: str, new_blocks: list[tuple[ipaddress.IPv4Network, str]]
@@ -368,10 +377,7 @@ class Allocator:
                 return str(kv.json()["ip"])
             new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
             try:
-                ip = self.ipam.candidate(node)
-                if ip is None:
-                    self._claim_block(node, new_blocks)
-                    ip = self.ipam.candidate(node)
+                ip = self.next_address(node, new_blocks)
             except PoolExhausted:
                 self._release([], new_blocks)
                 raise AllocError("the pod network has no free address block") from None

@@ -266,10 +266,7 @@ def allocate(alloc: Allocator, keys: Keys, node: str, pod: Pod, label: str) -> s
     for attempt in range(MAX_ATTEMPTS):
         new_blocks: list[Any] = []
         try:
-            ip = alloc.ipam.candidate(node)
-            if ip is None:
-                alloc._claim_block(node, new_blocks)
-                ip = alloc.ipam.candidate(node)
+            ip = alloc.next_address(node, new_blocks)
         except PoolExhausted:
             alloc._release([], new_blocks)
             raise PodnetError("EUNAVAIL", "the pod network has no free address block") from None
