@@ -228,6 +228,11 @@ class Node:
                     "state_dir": str(self.dir / "state"),
                     "gc_interval": 0.5,
                     "job_source": ["sh", "-c", f"seq 1 99999 | grep -vxF -f {self.jobs_file}"],
+                    "running_job_source": [
+                        "sh",
+                        "-c",
+                        f"seq 1 99999 | grep -vxF -f {self.jobs_file}",
+                    ],
                     "log_level": "debug",
                     "roles": ["compute", "login"],
                     **(settings or {}),

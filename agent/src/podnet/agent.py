@@ -121,6 +121,7 @@ class Agent:
         rooms.sync.refresh_nodes()
         rooms.reconcile.adopt_container = self.containers.adopt
         rooms.reconcile.reconcile()
+        rooms.reconcile.reclaim_lost(self.job_down)
         rooms.sync.sync_routes()
         rooms.sync.watch(rev, self.stop)
         loops: list[tuple[str, Callable[[], None]]] = [
@@ -219,6 +220,10 @@ class Agent:
             except BaseException:
                 r.wiring.unbuild(pod)
                 raise
+            try:  # what a restore to an older etcd snapshot needs to keep the pod
+                r.reconcile.local.save(job, node_index)
+            except OSError as e:
+                log.warning("job %d: cannot keep its record in %s: %s", job_id, self.state, e)
             self.pods.add(pod)
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
         return pod, True
@@ -227,7 +232,9 @@ class Agent:
         r = self.rooms
         name = job_netns(job_id)
         pod = self.pods.pop(name)
+        r.reconcile.unclaimed.pop(name, None)
         existed = r.wiring.remove(name, pod)
+        r.reconcile.local.drop(job_id)
         self.per_policy(f"job {job_id}", lambda: r.alloc.leave_job(job_id, self.cfg.node))
         if pod:
             with r.nets.lock(pod.uid):

@@ -114,6 +114,16 @@ class NodeConfig:
     job_source: list[str] = field(
         default_factory=lambda: ["squeue", "--noheader", "--format=%A", "--states=all"]
     )
+    #: the running jobs (their ids, as job_source): a pod whose records etcd lost (a restore
+    #: to an older snapshot) is kept and its records written back only if its job is here
+    running_job_source: list[str] = field(
+        default_factory=lambda: [
+            "squeue",
+            "--noheader",
+            "--format=%A",
+            "--states=RUNNING,SUSPENDED,CONFIGURING",
+        ]
+    )
     gc_interval: float = 60.0
     #: seconds a user's bridge + VXLAN stay after their last pod on the node (0: at once)
     user_net_linger: float = 120.0
@@ -196,6 +206,10 @@ class NodeConfig:
             c.job_source = _strlist(d["job_source"], "job_source", where)
             if not c.job_source:
                 raise ConfigError(f"{where}: 'job_source' is empty")
+        if "running_job_source" in d:
+            c.running_job_source = _strlist(d["running_job_source"], "running_job_source", where)
+            if not c.running_job_source:
+                raise ConfigError(f"{where}: 'running_job_source' is empty")
         if "etcd_timeout" in d:
             c.etcd_timeout = _num(d["etcd_timeout"], "etcd_timeout", where, 0.1, 120)
         if "gc_interval" in d:

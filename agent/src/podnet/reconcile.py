@@ -7,6 +7,13 @@ restarted), else removed; then routes, bridges and firewall entries with no pod 
 removed. While running (`gc_once`, every `gc_interval`), job pods whose job Slurm no
 longer knows are removed, and job records of jobs that ended on nodes that died are
 released.
+
+A job pod whose job record etcd lost (etcd restored to a snapshot older than the job) is
+kept if Slurm still runs the job (`running_job_source`) and this node has its own copy of
+the record (`localjobs.LocalJobs`): its records (the job's addresses, VNI, name, this pod's
+DNS names) are written back with the same addresses (`Allocator.reclaim_job`, which never
+takes what another owner holds; the pod stays and it is retried every GC until it can).
+A pod whose job no longer runs is removed, never brought back.
 """
 
 from __future__ import annotations
@@ -17,17 +24,19 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from podnet import nl
-from podnet.alloc import Allocator, Job
+from podnet.alloc import Allocator, AllocError, Job
 from podnet.config import ClusterConfig, NodeConfig
 from podnet.containers import is_container_ns
 from podnet.dataplane import Dataplane
 from podnet.etcd_sync import EtcdSync
+from podnet.localjobs import LocalJobs
 from podnet.names import Keys
 from podnet.pods import Pod, PodTable
 from podnet.sessions import LoginSessions
-from podnet.store import Etcd
+from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
 from podnet.usernets import UserNetworks
 
 log = logging.getLogger("podnet.reconcile")
@@ -66,9 +75,17 @@ class Reconciler:
         self.lease_id = lease_id
         #: containers.Containers.adopt (set by the agent; None: containers are removed)
         self.adopt_container: Callable[[str], Pod | None] | None = None
+        #: this node's copy of the job record of each of its job pods
+        self.local = LocalJobs(Path(cfg.state_dir))
+        #: job pods kept whose records etcd lost, not yet written back (netns -> record)
+        self.unclaimed: dict[str, tuple[Job, int]] = {}
+        #: the running jobs, asked once per start (None: Slurm did not answer)
+        self._running_at_start: set[int] | None = None
+        self._running_asked = False
 
     # -- at start ----------------------------------------------------------------------
     def reconcile(self) -> None:
+        self._running_asked = False
         self.sessions.load()
         for name in self.dp.remove_stale_files():
             log.info("reconcile: removed the stale pod file %s", name)
@@ -108,14 +125,117 @@ class Reconciler:
         return None
 
     def _adopt_job(self, name: str, veth: str) -> Pod | None:
-        job = self.alloc.get_job(int(name[4:]))
-        if job is None or self.cfg.node not in job.nodes:
+        job_id = int(name[4:])
+        job = self.alloc.get_job(job_id)
+        if job is None:
+            return self._adopt_lost_job(job_id, name, veth)
+        if self.cfg.node not in job.nodes:
             return None
         i = job.nodes.index(self.cfg.node)
         if not veth or self._pod_ip(name) != job.ips[i]:
             return None  # half-built (the agent died while creating it): rebuild on demand
         self.alloc.publish_pod(job, i, self.cfg.node)
+        self.local.save(job, i)
         return Pod.of_job(job, i, name, str(self.dp.netns_path(name)), self.cc, veth)
+
+    def _adopt_lost_job(self, job_id: int, name: str, veth: str) -> Pod | None:
+        """A job pod etcd knows nothing of: kept (to be written back by `reclaim_lost`)
+        if this node has its record, the pod is whole and Slurm may still run the job."""
+        mine = self.local.load(job_id)
+        if mine is None:
+            log.info("reconcile: job %d is unknown to etcd and to this node", job_id)
+            return None
+        job, i = mine
+        if job.nodes[i] != self.cfg.node or not veth or self._pod_ip(name) != job.ips[i]:
+            self.local.drop(job_id)
+            return None
+        if not self._running_asked:
+            self._running_at_start = self.running_jobs()
+            self._running_asked = True
+        what = decide_lost_pod(job_id, self._running_at_start)
+        if what == "remove":
+            log.info("reconcile: job %d is unknown to etcd and no longer runs", job_id)
+            self.local.drop(job_id)
+            return None
+        log.warning(
+            "reconcile: etcd lost the records of job %d (restored to an older snapshot?), "
+            "%s: keeping its pod %s %s",
+            job_id,
+            "which runs" if what == "keep" else "maybe running (asked again)",
+            name,
+            job.ips[i],
+        )
+        self.unclaimed[name] = (job, i)
+        self.alloc.ipam.mark([job.ips[i]])  # never handed out here meanwhile
+        return Pod.of_job(job, i, name, str(self.dp.netns_path(name)), self.cc, veth)
+
+    def reclaim_lost(self, job_down: Callable[[int], object]) -> list[int]:
+        """Write back the records of the kept pods whose records etcd lost; remove those
+        whose job no longer runs. Returns the jobs written back."""
+        if not self.unclaimed:
+            return []
+        running = self.running_jobs()
+        done = []
+        for name, (job, i) in list(self.unclaimed.items()):
+            what = decide_lost_pod(job.job_id, running)
+            if what == "wait":
+                log.warning("job %d: cannot tell whether it runs: its pod waits", job.job_id)
+                continue
+            if what == "remove":
+                log.info("job %d no longer runs: removing its pod (not written back)", job.job_id)
+                self.unclaimed.pop(name, None)
+                job_down(job.job_id)
+                continue
+            live = running or set()
+            try:
+                got = self.alloc.reclaim_job(job, live.__contains__)
+                self.alloc.publish_pod(got, i, self.cfg.node)
+            except AllocError as e:
+                log.error(
+                    "job %d: its records cannot be written back: %s (its pod %s keeps %s "
+                    "and works on this node; retried every GC)",
+                    job.job_id,
+                    e,
+                    name,
+                    job.ips[i],
+                )
+                continue
+            except (EtcdUnavailable, EtcdRequestError) as e:
+                log.warning("job %d: writing its records back: %s (retried)", job.job_id, e)
+                continue
+            self.unclaimed.pop(name, None)
+            self.local.save(got, i)
+            self.nets.register_vteps({got.vni})
+            log.warning(
+                "job %d: records written back after etcd lost them; pod %s keeps %s",
+                job.job_id,
+                name,
+                job.ips[i],
+            )
+            done.append(job.job_id)
+        return done
+
+    def find_lost(self, recorded: set[int]) -> list[int]:
+        """Job pods here (older than GC_MIN_POD_AGE) whose job record is not among
+        `recorded` (etcd lost it while podnetd ran): kept for `reclaim_lost`."""
+        now = time.time()
+        out = []
+        for p in self.pods.all():
+            if (
+                p.kind != "job"
+                or p.job_id is None
+                or p.job_id in recorded
+                or p.name in self.unclaimed
+                or now - p.created <= GC_MIN_POD_AGE
+            ):
+                continue
+            mine = self.local.load(p.job_id)
+            if mine is None or mine[0].ips[mine[1]] != p.ip:
+                continue
+            log.warning("job %d: etcd lost its records: writing them back", p.job_id)
+            self.unclaimed[p.name] = mine
+            out.append(p.job_id)
+        return out
 
     def _adopt_login(self, name: str, veth: str) -> Pod | None:
         uid = int(name[4:])
@@ -160,14 +280,11 @@ class Reconciler:
     # -- while running -------------------------------------------------------------------
     def live_jobs(self) -> set[int] | None:
         """Job ids Slurm knows (None when the job source cannot answer)."""
-        try:
-            out = subprocess.run(
-                self.cfg.job_source, capture_output=True, text=True, timeout=30, check=True
-            ).stdout
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("job source %s: %s", self.cfg.job_source[0], e)
-            return None
-        return parse_job_ids(out)
+        return _job_ids(self.cfg.job_source)
+
+    def running_jobs(self) -> set[int] | None:
+        """Job ids Slurm runs (None when it cannot answer)."""
+        return _job_ids(self.cfg.running_job_source)
 
     def gc_once(self, job_down: Callable[[int], object]) -> list[int]:
         """Remove job pods whose job Slurm no longer knows; returns their ids."""
@@ -184,19 +301,23 @@ class Reconciler:
         for j in gone:
             log.info("GC: job %d is gone, removing its pod", j)
             job_down(j)
-        self.gc_records(live)
+        recorded = self.gc_records(live)
+        self.find_lost(recorded)
+        self.reclaim_lost(job_down)
         return gone
 
-    def gc_records(self, live: set[int]) -> list[int]:
-        """Release etcd records of jobs Slurm no longer knows (nodes that died)."""
+    def gc_records(self, live: set[int]) -> set[int]:
+        """Release etcd records of jobs Slurm no longer knows (nodes that died); returns
+        the jobs whose records stay."""
         kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
-        out = []
+        kept = set()
         for kv in kvs:
             job = Job.from_json(kv.json(), kv.mod_revision)
             if job.job_id not in live and time.time() - job.created > GC_MIN_RECORD_AGE:
                 self.alloc.release_job(job)
-                out.append(job.job_id)
-        return out
+            else:
+                kept.add(job.job_id)
+        return kept
 
     def run_gc(self, stop: threading.Event, job_down: Callable[[int], object]) -> None:
         while not stop.wait(self.cfg.gc_interval):
@@ -204,6 +325,23 @@ class Reconciler:
                 self.gc_once(job_down)
             except Exception:
                 log.exception("GC failed")
+
+
+def decide_lost_pod(job_id: int, running: set[int] | None) -> str:
+    """What to do with a pod whose job records etcd lost: 'keep' (write them back) if the
+    job runs, 'remove' if it does not, 'wait' if nobody can tell (kept, asked again)."""
+    if running is None:
+        return "wait"
+    return "keep" if job_id in running else "remove"
+
+
+def _job_ids(argv: list[str]) -> set[int] | None:
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        log.warning("job source %s: %s", argv[0], e)
+        return None
+    return parse_job_ids(out)
 
 
 def parse_job_ids(out: str) -> set[int]:

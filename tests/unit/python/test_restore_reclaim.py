@@ -1,0 +1,227 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A job pod whose records etcd lost (etcd restored to a snapshot older than the job):
+what podnetd decides and writes back, on the in-memory etcd (`make unit`). The real thing
+runs in tests/agent/test_restore.py (netns, etcd) and tests/day2 (restore.yml on the lab).
+
+The attacks: a pod whose job ended is never written back; an address, block, VNI or job
+name another owner holds is never taken."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_etcd import FakeEtcd
+from podnet.alloc import Allocator, AllocError, Job
+from podnet.config import ClusterConfig, NodeConfig
+from podnet.ipam import Ipam
+from podnet.localjobs import LocalJobs
+from podnet.names import Keys
+from podnet.pods import Pod, PodTable
+from podnet.reconcile import Reconciler, decide_lost_pod
+
+CC = ClusterConfig.from_dict({"pod_cidr": "198.18.0.0/20", "block_prefix": 26, "zone": "lab"}, "t")
+R = "/podnet/u/"
+
+
+def _alloc(etcd: FakeEtcd) -> Allocator:
+    return Allocator(etcd, Keys("u"), Ipam(CC.pod_cidr, 26), "lab", 4096, 8191)  # type: ignore[arg-type]
+
+
+def _job(job_id: int = 7, ips: tuple[str, ...] = ("198.18.0.2", "198.18.0.66")) -> Job:
+    return Job(job_id, "bob", 2002, "late", "late", ["c1", "c2"], list(ips), 5000, created=1.0)
+
+
+def _job9() -> Job:
+    """A running job of another user on c2."""
+    return Job(9, "al", 2001, "x", "x", ["c2"], ["198.18.0.66"], 4100)
+
+
+def _val(etcd: FakeEtcd, key: str) -> object:
+    kv = etcd.get(key)
+    return None if kv is None else json.loads(kv.value)
+
+
+def _running(*ids: int) -> object:
+    return set(ids).__contains__
+
+
+# -- what to do ------------------------------------------------------------------------
+
+
+def test_decision_keeps_running_jobs_removes_ended_and_waits_when_slurm_is_silent() -> None:
+    assert decide_lost_pod(7, {7, 8}) == "keep"
+    assert decide_lost_pod(7, {8}) == "remove"
+    assert decide_lost_pod(7, set()) == "remove"
+    assert decide_lost_pod(7, None) == "wait"
+
+
+# -- writing back (Allocator.reclaim_job) ----------------------------------------------
+
+
+def test_reclaim_writes_everything_back_with_the_same_addresses() -> None:
+    etcd = FakeEtcd()  # the snapshot knew nothing of bob
+    a = _alloc(etcd)
+    got = a.reclaim_job(_job(), _running(7))
+    assert got.ips == ["198.18.0.2", "198.18.0.66"]
+    assert _val(etcd, R + "jobs/7")["ips"] == got.ips  # type: ignore[index]
+    assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
+    assert _val(etcd, R + "ips/198.18.0.66") == {"job_id": 7, "node": "c2", "vni": 5000}
+    assert _val(etcd, R + "blocks/198.18.0.0-26") == {"node": "c1"}
+    assert _val(etcd, R + "blocks/198.18.0.64-26") == {"node": "c2"}
+    assert _val(etcd, R + "users/bob") == {"vni": 5000, "uid": 2002}
+    assert _val(etcd, R + "vnis/5000") == {"user": "bob"}
+    assert _val(etcd, R + "names/bob/late") == {"job_id": 7}
+    # the job's other node does the same: it gets the record, nothing changes
+    before = dict(etcd.data)
+    again = _alloc(etcd).reclaim_job(_job(), _running(7))
+    assert again.ips == got.ips and etcd.data == before
+    # and the pod's DNS names come back with publish_pod
+    a.publish_pod(got, 0, "c1")
+    assert _val(etcd, "/skydns/lab/bob/late/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
+    assert _val(etcd, "/skydns/lab/bob/7/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
+
+
+def test_reclaim_releases_a_stale_record_of_an_ended_job_holding_the_address() -> None:
+    etcd = FakeEtcd()
+    a = _alloc(etcd)
+    # the snapshot's job 3 had 198.18.0.2, ended, then job 7 got it; the restore brought 3 back
+    old = Job(3, "alice", 2001, "old", "old", ["c1"], ["198.18.0.2"], 4100, created=1.0)
+    etcd.put(R + "jobs/3", old.to_json())
+    etcd.put(R + "ips/198.18.0.2", {"job_id": 3, "node": "c1", "vni": 4100})
+    etcd.put(R + "blocks/198.18.0.0-26", {"node": "c1"})
+    got = a.reclaim_job(_job(), _running(7))
+    assert got.ips[0] == "198.18.0.2"
+    assert etcd.get(R + "jobs/3") is None
+    assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        # another running job's address (attack: take the address of a live pod)
+        (R + "ips/198.18.0.66", {"job_id": 9, "node": "c2", "vni": 4100}, "198.18.0.66 is taken"),
+        # a login pod's address
+        (R + "ips/198.18.0.2", {"kind": "login", "node": "c1", "user": "al"}, "is taken"),
+        # the block went to another node
+        (R + "blocks/198.18.0.64-26", {"node": "c3"}, "belongs to c3"),
+        # the VNI went to another user, or bob got another VNI
+        (R + "vnis/5000", {"user": "carol"}, "VNI 5000 of bob is taken"),
+        (R + "users/bob", {"vni": 5001, "uid": 2002}, "has VNI 5001"),
+    ],
+)
+def test_reclaim_never_takes_what_another_owner_holds(key: str, value: object, why: str) -> None:
+    etcd = FakeEtcd()
+    etcd.put(key, value)
+    if "job_id" in str(value):
+        etcd.put(R + "jobs/9", _job9().to_json())
+    before = dict(etcd.data)
+    with pytest.raises(AllocError, match=why):
+        _alloc(etcd).reclaim_job(_job(), _running(7, 9))
+    assert etcd.data == before  # nothing written, nothing released
+
+
+def test_reclaim_takes_the_job_name_back_unless_a_newer_job_owns_it() -> None:
+    etcd = FakeEtcd()
+    etcd.put(R + "names/bob/late", {"job_id": 5})  # an older job of that name
+    etcd.put("/skydns/lab/bob/late/pod0", {"host": "198.18.1.9"})
+    _alloc(etcd).reclaim_job(_job(), _running(7))
+    assert _val(etcd, R + "names/bob/late") == {"job_id": 7}
+    assert etcd.get("/skydns/lab/bob/late/pod0") is None  # the old job's records went
+    etcd = FakeEtcd()
+    etcd.put(R + "names/bob/late", {"job_id": 8})  # a newer job: it keeps the name
+    a = _alloc(etcd)
+    got = a.reclaim_job(_job(), _running(7, 8))
+    assert _val(etcd, R + "names/bob/late") == {"job_id": 8}
+    a.publish_pod(got, 0, "c1")
+    assert etcd.get("/skydns/lab/bob/late/pod0") is None
+    assert _val(etcd, "/skydns/lab/bob/7/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
+
+
+# -- the node's own copy ----------------------------------------------------------------
+
+
+def test_local_records_round_trip_and_garbage_is_ignored(tmp_path: Path) -> None:
+    loc = LocalJobs(tmp_path)
+    loc.save(_job(), 1)
+    job, index = loc.load(7)  # type: ignore[misc]
+    assert (job.ips, job.nodes, index) == (_job().ips, ["c1", "c2"], 1)
+    assert loc.ids() == [7]
+    (tmp_path / "jobs" / "8.json").write_text('{"job": ')
+    assert loc.load(8) is None
+    (tmp_path / "jobs" / "9.json").write_text(json.dumps({"job": _job(9).to_json(), "index": 5}))
+    assert loc.load(9) is None  # index out of the record
+    assert loc.load(7) is not None
+    loc.drop(7)
+    assert loc.load(7) is None
+
+
+# -- the reconciler: GC notices, decides, writes back ----------------------------------
+
+
+class _Nets:
+    def __init__(self) -> None:
+        self.vteps: set[int] = set()
+
+    def register_vteps(self, vnis: set[int]) -> None:
+        self.vteps |= set(vnis)
+
+
+def _reconciler(tmp_path: Path, running: str) -> tuple[Reconciler, FakeEtcd, list[int]]:
+    etcd = FakeEtcd()
+    cfg = NodeConfig("c1", "eth0", "198.51.100.2", "u", ["http://127.0.0.1:1"])
+    cfg.state_dir = str(tmp_path)
+    cfg.running_job_source = ["sh", "-c", running]
+    pods = PodTable()
+    nothing: Any = None
+    r = Reconciler(
+        cfg, CC, etcd, Keys("u"), _alloc(etcd), nothing, pods, _Nets(), nothing, nothing, lambda: 0
+    )  # type: ignore[arg-type]
+    downs: list[int] = []
+    job = _job()
+    r.local.save(job, 0)
+    pod = Pod.of_job(job, 0, "pn-j7", "/run/netns/pn-j7", CC, "pnv000000000001")
+    pod.created = 0.0
+    pods.add(pod)
+    return r, etcd, downs
+
+
+def test_gc_writes_back_a_running_jobs_lost_records(tmp_path: Path) -> None:
+    r, etcd, downs = _reconciler(tmp_path, "echo 7; echo 12_3")
+    assert r.find_lost(recorded={12}) == [7]
+    assert r.reclaim_lost(downs.append) == [7]
+    assert downs == [] and r.unclaimed == {}
+    assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
+    assert _val(etcd, R + "jobnodes/7/c1") == 1
+    assert _val(etcd, "/skydns/lab/bob/late/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
+    assert r.nets.vteps == {5000}  # type: ignore[attr-defined]
+    assert r.find_lost(recorded={7}) == []
+
+
+def test_gc_never_brings_back_an_ended_job(tmp_path: Path) -> None:
+    r, etcd, downs = _reconciler(tmp_path, "echo 8")  # job 7 ended (Slurm runs 8 only)
+    r.find_lost(recorded=set())
+    assert r.reclaim_lost(downs.append) == []
+    assert downs == [7] and r.unclaimed == {}
+    assert etcd.data == {}
+
+
+def test_gc_waits_while_slurm_cannot_say(tmp_path: Path) -> None:
+    r, etcd, downs = _reconciler(tmp_path, "exit 1")
+    r.find_lost(recorded=set())
+    assert r.reclaim_lost(downs.append) == []
+    assert downs == [] and "pn-j7" in r.unclaimed and etcd.data == {}
+
+
+def test_gc_retries_while_the_address_is_held(tmp_path: Path) -> None:
+    r, etcd, downs = _reconciler(tmp_path, "echo 7; echo 9")
+    etcd.put(R + "ips/198.18.0.66", {"job_id": 9, "node": "c2", "vni": 4100})
+    etcd.put(R + "jobs/9", _job9().to_json())
+    r.find_lost(recorded={9})
+    assert r.reclaim_lost(downs.append) == []
+    assert "pn-j7" in r.unclaimed and etcd.get(R + "jobs/7") is None
+    etcd.delete(R + "ips/198.18.0.66")  # job 9 let it go
+    assert r.reclaim_lost(downs.append) == [7]
+    assert r.unclaimed == {}
