@@ -11,6 +11,8 @@ the figures printed with -s and docs/admin-guide.md); the SSH session must still
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -45,16 +47,49 @@ def test_backup(work: Workload) -> None:
     work.check("backup", t0)
 
 
-def test_restore_brings_back_deleted_keys_and_reconciles(work: Workload) -> None:
+def late_job_facts(job: int) -> dict[str, str]:
+    """StartTime, Restarts and JobState of a job (scontrol show job)."""
+    out = ssh("login", f"scontrol show job {job}").stdout
+    return dict(re.findall(r"\b(StartTime|Restarts|JobState)=(\S+)", out))
+
+
+def late_job_names(job: int, ips: list[str]) -> None:
+    """Both pods' names answer with their addresses: CoreDNS (dig on ctl, by job id and by
+    job name) and inside the job (getent hosts in a step on c1, as bob)."""
+    for i, ip in enumerate(ips):
+        for name in (f"pod{i}.{job}.bob.{CLUSTER}", f"pod{i}.late.bob.{CLUSTER}"):
+            dns = ssh("ctl", f"dig +short @127.0.0.1 {name}").stdout.split()
+            assert dns == [ip], (name, dns)
+    step = ssh(
+        "login",
+        f"cd /tmp && runuser -u bob -- srun --jobid={job} --overlap -N1 -n1 -w c1 "
+        f"getent hosts pod1.{job}.bob.{CLUSTER} pod1",
+    ).stdout.split()
+    assert step.count(ips[1]) == 2, step
+
+
+def test_restore_brings_back_deleted_keys_and_keeps_later_jobs(work: Workload) -> None:
     assert BACKUP, "test_backup did not run"
-    # a job started after the backup: its pod must go (the snapshot does not know it)
+    # bob's 2-node job started after the backup, with a ping loop of its own (c1 -> c2): the
+    # snapshot does not know it; it must keep its pods and addresses, names and loop
+    script = (
+        f"srun --overlap -N1 -n1 -w c2 python3 /tmp/day2loop.py server {PORT} & sleep 3; "
+        f"python3 /tmp/day2loop.py client pod1.$SLURM_JOB_ID.bob.{CLUSTER} {PORT} "
+        "/tmp/day2loop-$SLURM_JOB_ID.log"
+    )
     late = int(
         ssh(
             "login",
-            "cd /tmp && runuser -u bob -- sbatch --parsable -J late -w c1 -N1 --wrap 'sleep 600'",
+            f"cd /tmp && runuser -u bob -- sbatch --parsable -J late -w c1,c2 -N2 "
+            f"-o /tmp/day2-%j.out --wrap '{script}'",
         ).stdout.strip()
     )
-    wait_for(lambda: any(p.get("job_id") == late for p in pods("c1")), 60)
+    loop = Workload(late, work.ssh, work.ssh_log)
+    wait_for(lambda: job_state(late) == "RUNNING", 60)
+    wait_for(lambda: loop.oks_since(0) >= 10, 90, 1)
+    ips = [next(p["ip"] for p in pods(n) if p.get("job_id") == late) for n in ("c1", "c2")]
+    wait_for(lambda: late_job_names(late, ips) is None, 60, 2)
+    facts = late_job_facts(late)
     rec = f"/skydns/{CLUSTER}/alice/{work.job}/pod0"
     before = etcdctl(f"get {rec} --print-value-only").strip()
     assert before, rec
@@ -70,21 +105,32 @@ def test_restore_brings_back_deleted_keys_and_reconciles(work: Workload) -> None
         "-e",
         "podnet_restore_confirm=yes",
     )
+    # the snapshot's keys are back
     assert etcdctl(f"get {rec} --print-value-only").strip() == before
     assert etcdctl(f"get /podnet/{CLUSTER}/ips/{ip} --print-value-only").strip()
     dig = ssh("c1", f"dig +short @127.0.0.1 pod0.{work.job}.alice.{CLUSTER} || true").stdout
     dns = ssh("ctl", f"dig +short @127.0.0.1 pod0.{work.job}.alice.{CLUSTER}").stdout
     assert ip in dns, (dig, dns)
-    # the live job of the snapshot keeps its pods on both nodes; the late job, unknown to
-    # the snapshot, was requeued (its pod could not survive) and c1 stays usable
     assert any(p.get("job_id") == work.job for p in pods("c1"))
     assert any(p.get("job_id") == work.job for p in pods("c2"))
-    assert "Restarts=1" in ssh("login", f"scontrol show job {late}").stdout
+    # the later job: same pods, same addresses, its records and names written back by the
+    # podnetds, its loop kept answering, not requeued
+    after = [next(p["ip"] for p in pods(n) if p.get("job_id") == late) for n in ("c1", "c2")]
+    print(f"day2: restore: job {late} (after the backup) addresses {ips} -> {after}")
+    assert after == ips
+    job_rec = json.loads(etcdctl(f"get /podnet/{CLUSTER}/jobs/{late} --print-value-only"))
+    assert job_rec["ips"] == ips, job_rec
+    wait_for(lambda: late_job_names(late, ips) is None, 60, 2)
+    assert late_job_facts(late) == facts, (facts, late_job_facts(late))
+    assert facts["Restarts"] == "0" and facts["JobState"] == "RUNNING", facts
+    loop.check("restore: job after the backup", t0)
+    work.check("restore", t0)
+    # it ends as usual: its pods and records go
     ssh("login", f"scancel {late}", check=False)
     wait_for(lambda: job_state(late) == "", 120, 2)
+    wait_for(lambda: not etcdctl(f"get /podnet/{CLUSTER}/jobs/{late} --print-value-only"), 60, 2)
     state = ssh("login", "sinfo -h -N -n c1 -o %T").stdout
     assert "drain" not in state, state
-    work.check("restore", t0)
 
 
 def slurmctld_process() -> tuple[str, str]:
