@@ -308,11 +308,14 @@ def release_records(alloc: Allocator, keys: Keys, node: str, pod: Pod) -> None:
     if label:
         ops.append(op_delete(f"{zone_path(alloc.zone)}/{pod.user}/{label}/ctr"))
         name_key = keys.name(pod.user, label)
+        # one round trip: the name's claim goes only while it is this container's
         alloc.etcd.txn(
             [cmp_value(name_key, store.json_dumps({"container": pod.name, "node": node}))],
-            [op_delete(name_key)],
+            [*ops, op_delete(name_key)],
+            ops,
         )
-    alloc.etcd.put_many(ops)
+    else:
+        alloc.etcd.put_many(ops)
     alloc.ipam.mark([pod.ip], used=False)
 
 
@@ -527,12 +530,11 @@ class Containers:
 
     def _unwire(self, pod: Pod) -> None:
         r = self.r
-        # the container's namespace may live on (DEL before exit): take our link out
+        # the container's namespace may live on (DEL before exit): take our link out (by
+        # name: a dump of every link cost DEL more than all else with hundreds of them)
         if pod.veth:
-            with contextlib.suppress(nl.NetlinkError, KeyError):
-                links = nl.links(r.dp.nl())
-                if pod.veth in links:
-                    r.dp.nl().batch([nl.del_link(int(links[pod.veth]["index"]), pod.veth)])
+            with contextlib.suppress(nl.NetlinkError):
+                r.dp.nl().batch([nl.del_link_named(pod.veth)])
         netns.remove(Path(pod.netns))
         if pod.ip:
             try:

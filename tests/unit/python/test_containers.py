@@ -297,7 +297,7 @@ def test_cni_add_del_check_through_podnetd(tmp_path: Path) -> None:
 
 def test_cni_version_needs_no_podnetd(tmp_path: Path) -> None:
     rc, res = _plugin(tmp_path / "nothing", "VERSION")
-    assert rc == 0 and res["supportedVersions"] == ["0.4.0", "1.0.0"]
+    assert rc == 0 and res["supportedVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
 
 
 def test_handler_serves_the_c_plugins_relay_as_the_caller() -> None:
