@@ -368,7 +368,7 @@ ns=/proc/$$/ns/net
 ip link set lo up
 echo "version=$(echo '{"cniVersion":"1.1.0"}' | CNI_COMMAND=VERSION /usr/lib/cni/podnet)"
 cnitool add NET $ns >$d/add.json; echo "add-rc=$?"
-cat $d/add.json
+cat $d/add.json; echo
 echo "addr=$(ip -4 -o addr show eth0 | awk '{print $4}')"
 dns=$(tr -d ' \n' <$d/add.json | sed -n 's/.*"nameservers":\["\([0-9.]*\)".*/\1/p')
 echo "resolved=$(dig +short +time=2 +tries=3 @$dns $name)"
@@ -422,7 +422,9 @@ def test_cnitool_add_check_del_gc_status_as_a_user_in_a_job(jobs: dict[str, int]
     job, bob_job = jobs["alice"], jobs["bob"]
     pod, bob_pod = pod_of("c2", job)["ip"], pod_of("c2", bob_job)["ip"]
     name = f"cnit.alice.{CLUSTER}"
-    ssh("c1", f"rm -rf {CNITOOL_DIR} && install -d -o alice -m 0755 {CNITOOL_DIR}/net")
+    ssh(
+        "c1", f"rm -rf {CNITOOL_DIR} && install -d -o alice -m 0755 {CNITOOL_DIR} {CNITOOL_DIR}/net"
+    )
     _copy_to("c1", f"{CNITOOL_DIR}/cnitool", _cnitool())
     conflist = {"cniVersion": "1.1.0", "name": CNITOOL_NET, "plugins": [{"type": "podnet"}]}
     _copy_to("c1", f"{CNITOOL_DIR}/net/10-podnet.conflist", json.dumps(conflist).encode(), "0644")

@@ -3,13 +3,15 @@
 
 * flanneld runs on compute and login nodes with one subnet lease each, in etcd under its
   own prefix; in a 2-node job (alice's, of conftest's `jobs`), Apptainer's
-  `--fakeroot --net --network flannel` on each of the job's nodes gives a container an
-  address of the node's lease and the two containers reach each other (VXLAN, port 8472);
-  traffic to hosts is masqueraded (flanneld -ip-masq).
+  `--net --network flannel` on each of the job's nodes gives a container an address of the
+  node's lease and the two containers reach each other (VXLAN, port 8472); traffic to
+  hosts is masqueraded (flanneld -ip-masq).
 * Non-root: Debian's Apptainer has no setuid starter: `--net --network flannel` is refused
   and `--fakeroot --net` falls back to no network (what docs/hpk.md tells users). So the
   Flannel wiring is checked as root, on the job's nodes while the job holds them (a step
-  would join the job's pod network namespace, where CNI's bridge does not belong).
+  would join the job's pod network namespace, where CNI's bridge does not belong), and
+  without `--fakeroot`: root's fakeroot needs a subuid range of root's, and an unprivileged
+  installation gives fakeroot runs no CNI network at all ("fallback to 'none' network").
 * podnet stays intact: a Flannel container reaches no job pod and no pod reaches it; a
   user's host-side process cannot send to Flannel's VXLAN port (the forged frames never
   reach the container on the other node).
@@ -86,15 +88,14 @@ def _read(node: str, path: str) -> str:
 
 
 class Container:
-    """`apptainer exec --fakeroot --net --network flannel SIF sleep` as root in the
-    background (HPK's command)."""
+    """`apptainer exec --net --network flannel SIF sleep` as root in the background."""
 
     def __init__(self, node: str, tag: str) -> None:
         self.node, self.tag = node, tag
         pidfile = f"/tmp/podnet-e2e-{tag}.pid"
         ssh(
             node,
-            f"rm -f {pidfile}; setsid apptainer -q exec --fakeroot --net --network flannel {SIF} "
+            f"rm -f {pidfile}; setsid apptainer -q exec --net --network flannel {SIF} "
             f"sh -c 'echo $$ >{pidfile}; exec sleep 280' "
             f"</dev/null >/tmp/podnet-e2e-{tag}.log 2>&1 &",
         )
