@@ -24,6 +24,8 @@
 # flannel (roles/flannel, HPK's network): flanneld from its Go module at the version pinned
 # in roles/flannel/defaults (flannel_version), the Flannel CNI plugin, and Debian's
 # containernetworking-plugins .deb (see build_flannel, fetch_cni_plugins).
+#
+# cnitool (tests only; see build_cnitool): the CNI project's reference runtime at CNITOOL_VERSION.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -205,6 +207,17 @@ build_flannel() {
         "-X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=v$cni_version"
 }
 
+# cnitool: the CNI project's command-line runtime (libcni: ADD, CHECK, DEL, GC, STATUS), for the
+# conformance test of the podnet CNI plugin (tests/e2e/test_cni.py copies it onto the lab
+# nodes). Not deployed by any role: Apptainer is the runtime on the nodes (docs/hpk.md).
+# $artifacts/cnitool links to the pinned build.
+CNITOOL_VERSION=1.3.0
+build_cnitool() {
+    go_artifact cnitool "$CNITOOL_VERSION" \
+        "github.com/containernetworking/cni/cnitool@v$CNITOOL_VERSION" ""
+    ln -sfn "cnitool-$CNITOOL_VERSION-linux-amd64" "$artifacts/cnitool"
+}
+
 # Debian's containernetworking-plugins (bridge, host-local, loopback, portmap: what the
 # Flannel CNI plugin delegates to), as $artifacts/containernetworking-plugins_<v>_amd64.deb.
 fetch_cni_plugins() {
@@ -244,3 +257,4 @@ fetch_etcd
 fetch_apptainer
 build_flannel
 fetch_cni_plugins
+build_cnitool

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * podnet-cni - the podnet CNI plugin (CNI spec 1.0; installed as `podnet` in
- * Apptainer's CNI plugin directory, docs/hpk.md). A relay: it hands the
- * runtime's request (CNI_* variables and the network configuration from
- * stdin) to podnetd as one `cni` request over podnetd's socket and prints what
+ * podnet-cni - the podnet CNI plugin (CNI spec 1.0 and 1.1; installed as
+ * `podnet` in Apptainer's CNI plugin directory, docs/hpk.md). A relay: it
+ * hands the runtime's request (CNI_* variables and the network configuration
+ * from stdin) to podnetd as one `cni` request over podnetd's socket and prints what
  * podnetd answers, with its exit status. podnetd parses and checks the request
  * (podnet/cni.py, the same code as the Python plugin `python -m podnet.cni`)
  * and takes the container's owner from the kernel and from this process's
@@ -34,6 +34,7 @@
 #define E_IO 5
 #define E_INVALID_CONFIG 7
 #define E_TRY_AGAIN 11
+#define E_NOT_AVAILABLE 50 /* STATUS: cannot serve ADD now */
 #define E_PODNETD 100
 
 static int cni_error(int code, const char *msg)
@@ -68,7 +69,7 @@ int main(void)
 
 	if (!strcmp(command, "VERSION")) {
 		printf("{\"cniVersion\":\"1.0.0\",\"supportedVersions\":"
-		       "[\"0.4.0\",\"1.0.0\"]}\n");
+		       "[\"0.4.0\",\"1.0.0\",\"1.1.0\"]}\n");
 		return 0;
 	}
 	if (!*command)
@@ -106,7 +107,8 @@ int main(void)
 		char text[600];
 
 		snprintf(text, sizeof(text), "podnetd: %s", msg);
-		return cni_error(E_TRY_AGAIN, text);
+		return cni_error(strcmp(command, "STATUS") ? E_TRY_AGAIN :
+				 E_NOT_AVAILABLE, text);
 	}
 	if (!rep.ok) {
 		char text[600];

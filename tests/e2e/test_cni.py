@@ -3,12 +3,12 @@
 
 Containers here are network namespaces of a user namespace the user made (`unshare -rn`,
 what `apptainer exec --fakeroot --net` makes), wired by the plugin `podnet` the apptainer
-role installs, driven through the CNI protocol itself (environment + stdin, spec 1.0;
-Debian has no `cnitool`). alice's containers on c1 and c2 reach each other and her job
-pods by name (ICMP, TCP, UDP); bob's container and pods reach none of them; DEL and the
-container's exit (kill -9 included) release the address and the name; CHECK reports a
-deleted interface; identity is the kernel's (bob cannot wire alice's namespace, nor the
-host's). Then
+role installs, driven through the CNI protocol itself (environment + stdin, spec 1.0)
+and, last, by the CNI project's `cnitool` (libcni) as alice in a job step. alice's
+containers on c1 and c2 reach each other and her job pods by name (ICMP, TCP, UDP);
+bob's container and pods reach none of them; DEL and the container's exit (kill -9
+included) release the address and the name; CHECK reports a deleted interface; identity
+is the kernel's (bob cannot wire alice's namespace, nor the host's). Then
 `podnet-container` (setuid) in a job step runs an unprivileged fakeroot Apptainer
 container with its own address, HPK's parent/child pattern on it.
 """
@@ -16,14 +16,19 @@ container with its own address, HPK's parent/child pattern on it.
 from __future__ import annotations
 
 import base64
+import hashlib
+import ipaddress
 import json
+import os
 import re
+import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLUSTER, etcdctl, pod_of, ssh, wait_for
+from conftest import CLUSTER, LAB, POD_CIDR, REPO, etcdctl, pod_of, pods, ssh, wait_for
 
 PLUGIN = "/usr/lib/cni/podnet"
 CONF = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
@@ -347,3 +352,114 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
         30,
     )
     ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-mkroot.sh /tmp/pncni-run.sh")
+
+
+# -- conformance: the plugin under cnitool (the CNI project's runtime, libcni) -----------
+CNITOOL_DIR = "/tmp/pncnit"
+CNITOOL_NET = "podnet-cnitool"
+#: run by alice in a job step on c1: a fakeroot-style container (user + mount + network
+#: namespace of her own), wired by cnitool with podnet's plugin. libcni keeps its results
+#: in /var/lib/cni (root's): a tmpfs of her own mount namespace stands in for it.
+CNITOOL_INNER = r"""
+pod=$1 bobpod=$2 name=$3 d=$4
+if [ -d /var/lib/cni ]; then mount -t tmpfs cnicache /var/lib/cni
+else mount -t tmpfs cnilib /var/lib && mkdir /var/lib/cni; fi || { echo no-cache; exit 9; }
+ns=/proc/$$/ns/net
+ip link set lo up
+echo "version=$(echo '{"cniVersion":"1.1.0"}' | CNI_COMMAND=VERSION /usr/lib/cni/podnet)"
+cnitool add NET $ns >$d/add.json; echo "add-rc=$?"
+cat $d/add.json; echo
+echo "addr=$(ip -4 -o addr show eth0 | awk '{print $4}')"
+dns=$(tr -d ' \n' <$d/add.json | sed -n 's/.*"nameservers":\["\([0-9.]*\)".*/\1/p')
+echo "resolved=$(dig +short +time=2 +tries=3 @$dns $name)"
+ping -c1 -W3 $pod >/dev/null 2>&1 && echo reached-pod
+ping -c1 -W3 $bobpod >/dev/null 2>&1 && echo reached-bobpod
+cnitool check NET $ns; echo "check-rc=$?"
+ip link del eth0
+cnitool check NET $ns 2>&1; echo "check-after-link-del-rc=$?"
+cnitool del NET $ns; echo "del-rc=$?"
+cnitool add NET $ns >$d/add2.json; echo "add2-rc=$?"
+echo "addr2=$(ip -4 -o addr show eth0 | awk '{print $4}')"
+cnitool gc NET $ns; echo "gc-rc=$?"
+echo "links-after-gc=$(ip -o link show | grep -c eth0)"
+cnitool status NET $ns; echo "status-rc=$?"
+""".replace("NET", CNITOOL_NET)
+
+
+def _copy_to(node: str, path: str, data: bytes, mode: str = "0755") -> None:
+    """A file onto a lab node (through ssh's stdin: a binary is too big for a command line)."""
+    r = subprocess.run(
+        [str(REPO / "tests/lab/lab.sh"), "ssh", node, f"cat >{path} && chmod {mode} {path}"],
+        env={**os.environ, "LAB_NAME": LAB},
+        input=data,
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+def _cnitool() -> bytes:
+    """The pinned cnitool of `make artifacts`, checked against its recorded sha256."""
+    link = Path(os.environ.get("PODNET_CACHE_DIR", "/var/cache/podnet-dev")) / "artifacts/cnitool"
+    exe = link.resolve()
+    assert exe.is_file(), f"{link}: no cnitool (make artifacts)"
+    data = exe.read_bytes()
+    want = (exe.parent / f"{exe.name}.sha256").read_text().split()[0]
+    assert hashlib.sha256(data).hexdigest() == want, f"{exe}: sha256 differs from {want}"
+    return data
+
+
+def test_cnitool_add_check_del_gc_status_as_a_user_in_a_job(jobs: dict[str, int]) -> None:
+    """CNI conformance, as HPK runs it: alice, in a step of her job on c1, runs cnitool
+    (libcni: the reference runtime) with the podnet network on a namespace of her own.
+    ADD gives an address on her network that reaches her job pod on c2 (and not bob's),
+    named `cnit.alice.<cluster>`; CHECK passes, and fails with a CNI error once the
+    interface is deleted inside; DEL releases the address and the name; VERSION lists
+    the spec versions; CNI 1.1: GC (libcni DELs the attachment it cached, then the
+    plugin's GC) leaves nothing, STATUS passes. cnitool is a test tool here: it is copied
+    to the node for this test only."""
+    job, bob_job = jobs["alice"], jobs["bob"]
+    pod, bob_pod = pod_of("c2", job)["ip"], pod_of("c2", bob_job)["ip"]
+    name = f"cnit.alice.{CLUSTER}"
+    ssh(
+        "c1", f"rm -rf {CNITOOL_DIR} && install -d -o alice -m 0755 {CNITOOL_DIR} {CNITOOL_DIR}/net"
+    )
+    _copy_to("c1", f"{CNITOOL_DIR}/cnitool", _cnitool())
+    conflist = {"cniVersion": "1.1.0", "name": CNITOOL_NET, "plugins": [{"type": "podnet"}]}
+    _copy_to("c1", f"{CNITOOL_DIR}/net/10-podnet.conflist", json.dumps(conflist).encode(), "0644")
+    _copy_to("c1", f"{CNITOOL_DIR}/inner.sh", CNITOOL_INNER.encode())
+    run = (
+        f"cd /tmp && runuser -u alice -- srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3 "
+        f"env NETCONFPATH={CNITOOL_DIR}/net CNI_PATH=/usr/lib/cni CNI_ARGS=PODNET_NAME=cnit "
+        f"PATH={CNITOOL_DIR}:/usr/sbin:/usr/bin:/sbin:/bin "
+        f"unshare -r -m -n sh {CNITOOL_DIR}/inner.sh {pod} {bob_pod} {name} {CNITOOL_DIR}"
+    )
+    try:
+        r = ssh("login", run, check=False, timeout=300)
+        out = r.stdout + r.stderr
+        val = dict(re.findall(r"^([a-z0-9-]+)=(.*)$", out, re.M))
+        # VERSION (libcni asks it too): the spec versions, 1.1 included
+        assert json.loads(val["version"])["supportedVersions"] == ["0.4.0", "1.0.0", "1.1.0"], out
+        # ADD: an address of the pod network, on alice's network, under her name
+        assert val["add-rc"] == "0", out
+        ip = val["addr"].split("/")[0]
+        assert ipaddress.ip_address(ip) in ipaddress.ip_network(POD_CIDR), out
+        assert val["resolved"] == ip, out
+        assert "reached-pod" in out and "reached-bobpod" not in out, out
+        # CHECK, and CHECK after `ip link del` inside: a CNI error (libcni prints it)
+        assert val["check-rc"] == "0", out
+        assert val["check-after-link-del-rc"] == "1", out
+        assert "container network drifted" in out and "eth0 is missing" in out, out
+        # DEL: the address and the name are gone
+        assert val["del-rc"] == "0", out
+        assert not _records(ip, "alice/cnit"), out
+        # GC after a second ADD: libcni DELs its cached attachment, podnet's GC runs
+        assert val["add2-rc"] == "0" and val["addr2"], out
+        ip2 = val["addr2"].split("/")[0]
+        assert val["gc-rc"] == "0" and val["links-after-gc"] == "0", out
+        assert not _records(ip2, "alice/cnit"), out
+        assert val["status-rc"] == "0", out
+        assert not [p for p in pods("c1") if str(p.get("container_id", "")).startswith("cnitool-")]
+    finally:
+        ssh("c1", f"rm -rf {CNITOOL_DIR}", check=False)

@@ -2,12 +2,16 @@
 """Flannel for HPK-style containers (roles/flannel, docs/hpk.md), next to podnet.
 
 * flanneld runs on compute and login nodes with one subnet lease each, in etcd under its
-  own prefix; Apptainer's `--net --network flannel` gives a container an address of the
-  node's lease and containers on two nodes reach each other (VXLAN, port 8472); traffic to
+  own prefix; in a 2-node job (alice's, of conftest's `jobs`), Apptainer's
+  `--net --network flannel` on each of the job's nodes gives a container an address of the
+  node's lease and the two containers reach each other (VXLAN, port 8472); traffic to
   hosts is masqueraded (flanneld -ip-masq).
 * Non-root: Debian's Apptainer has no setuid starter: `--net --network flannel` is refused
   and `--fakeroot --net` falls back to no network (what docs/hpk.md tells users). So the
-  Flannel wiring is checked as root.
+  Flannel wiring is checked as root, on the job's nodes while the job holds them (a step
+  would join the job's pod network namespace, where CNI's bridge does not belong), and
+  without `--fakeroot`: root's fakeroot needs a subuid range of root's, and an unprivileged
+  installation gives fakeroot runs no CNI network at all ("fallback to 'none' network").
 * podnet stays intact: a Flannel container reaches no job pod and no pod reaches it; a
   user's host-side process cannot send to Flannel's VXLAN port (the forged frames never
   reach the container on the other node).
@@ -16,6 +20,7 @@
 from __future__ import annotations
 
 import base64
+import ipaddress
 import json
 import time
 from collections.abc import Iterator
@@ -106,8 +111,18 @@ class Container:
         ssh(self.node, f"kill {self.pid}", check=False)
 
 
+def job_nodes(job: int) -> list[str]:
+    """The nodes a running job holds (empty once it does not run)."""
+    state = ssh("login", f"squeue -h -j {job} -o '%T %N'", check=False).stdout.split()
+    if len(state) != 2 or state[0] != "RUNNING":
+        return []
+    return ssh("login", f"scontrol show hostnames {state[1]}").stdout.split()
+
+
 @pytest.fixture(scope="module")
-def containers() -> Iterator[dict[str, Container]]:
+def containers(jobs: dict[str, int]) -> Iterator[dict[str, Container]]:
+    """One container on each node of alice's 2-node job, started while the job runs."""
+    assert sorted(job_nodes(jobs["alice"])) == sorted(NODES), job_nodes(jobs["alice"])
     for node in NODES:
         _put(node, "/tmp/podnet-e2e-mkroot.sh", MKROOT)
         ssh(
@@ -151,12 +166,23 @@ def test_each_node_has_its_own_lease_under_flannels_prefix() -> None:
     assert f"dstport {FLANNEL_PORT}" in link, link
 
 
-def test_containers_on_two_nodes_reach_each_other(containers: dict[str, Container]) -> None:
+def test_containers_on_two_nodes_reach_each_other(
+    containers: dict[str, Container], jobs: dict[str, int]
+) -> None:
     c1, c2 = containers["c1"], containers["c2"]
     assert c1.ip != c2.ip
+    for c in (c1, c2):
+        # an address of the node's own lease (flannel.1 is the .0 of the lease)
+        lease = ssh(c.node, "cat /run/flannel/subnet.env").stdout
+        sub = dict(ln.split("=", 1) for ln in lease.split())["FLANNEL_SUBNET"]
+        assert ipaddress.ip_address(c.ip) in ipaddress.ip_network(sub, strict=False), (c, sub)
     for a, b in ((c1, c2), (c2, c1)):
-        p = a.run(f"ping -c 2 -W 2 {b.ip}", check=False)
-        assert p.returncode == 0, f"{a.node} -> {b.ip}: {p.stdout}{p.stderr}"
+        # retried: a busy machine may take a while to learn the peer's VTEP
+        wait_for(
+            lambda a=a, b=b: a.run(f"ping -c 1 -W 2 {b.ip}", check=False).returncode == 0, 30, 1
+        )
+    # the job still holds both nodes: the containers met inside its allocation
+    assert sorted(job_nodes(jobs["alice"])) == sorted(NODES)
 
 
 def test_hpk_parent_container_pattern(containers: dict[str, Container]) -> None:

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `podnet` CNI plugin (CNI spec 1.0; console script `podnet-cni`, installed as
+"""The `podnet` CNI plugin (CNI spec 1.0 and 1.1; console script `podnet-cni`, installed as
 `podnet` in Apptainer's CNI plugin directory): request parsing, CNI replies, and `main`,
 which turns ADD/DEL/CHECK into podnetd's `container_add/del/check` requests.
 
@@ -12,6 +12,14 @@ user namespace of the netns, or the process `CNI_NETNS` names) and the caller's
 SO_PEERCRED, never from CNI_ARGS: `PODNET_NAME` (or `K8S_POD_NAME`) only names the
 container, `PODNET_UID` is heard only from root for root's own namespaces. VERSION needs
 no daemon. Network configuration keys besides the standard ones: `socket` (podnetd's).
+
+CNI 1.1's STATUS answers success while podnetd serves requests and reaches etcd (else
+error 50). Its GC asks podnetd to collect now what its own GC loop collects every 2 s: the
+containers whose process is gone. It releases no live container on a runtime's word: a
+container's record does not say which network configuration or runtime made it (Apptainer,
+cnitool, `podnet-container`), so `cni.dev/valid-attachments` of one runtime cannot speak for
+the others'. A runtime's stale attachments reach the plugin as DELs (libcni's GC sends one
+for each cached attachment that is not valid).
 """
 
 from __future__ import annotations
@@ -25,9 +33,11 @@ if TYPE_CHECKING:
     from typing import IO, Any
 
 #: what this plugin speaks; the conflists it is listed in may use any of these
-SUPPORTED_VERSIONS = ("0.4.0", "1.0.0")
+SUPPORTED_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
 CNI_VERSION = "1.0.0"
-COMMANDS = ("ADD", "DEL", "CHECK", "VERSION")
+COMMANDS = ("ADD", "DEL", "CHECK", "VERSION", "GC", "STATUS")
+#: commands of CNI 1.1 (no container: only the network configuration)
+NETWORK_COMMANDS = ("GC", "STATUS")
 PLUGIN_TYPE = "podnet"
 MAX_CONFIG = 64 * 1024
 
@@ -40,6 +50,7 @@ E_IO = 5
 E_DECODE = 6
 E_INVALID_CONFIG = 7
 E_TRY_AGAIN = 11
+E_NOT_AVAILABLE = 50
 #: plugin-specific codes (>= 100): podnetd refused, CHECK found drift
 E_PODNETD = 100
 E_DRIFT = 101
@@ -146,17 +157,8 @@ def parse_config(data: bytes) -> dict[str, Any]:
     return conf
 
 
-def parse_request(env: Mapping[str, str], stdin: bytes) -> CniRequest:
-    """The request a runtime made (spec 1.0, "Parameters"), checked; raises CniError."""
-    command = _env(env, "CNI_COMMAND")
-    if command not in COMMANDS:
-        raise CniError(E_INVALID_ENV, f"CNI_COMMAND {command[:20]!r} is not one of {COMMANDS}")
-    conf = parse_config(stdin) if stdin.strip() or command != "VERSION" else {}
-    version = conf.get("cniVersion", CNI_VERSION)
-    if not isinstance(version, str):
-        raise CniError(E_INVALID_CONFIG, "cniVersion must be a string")
-    if command == "VERSION":
-        return CniRequest(command, version)
+def _network(conf: dict[str, Any], version: str) -> str:
+    """The network's name, once the version and the plugin type are ours."""
     if version not in SUPPORTED_VERSIONS:
         raise CniError(
             E_INCOMPATIBLE_VERSION,
@@ -168,6 +170,25 @@ def parse_request(env: Mapping[str, str], stdin: bytes) -> CniRequest:
     name = conf.get("name")
     if not isinstance(name, str) or not _NETWORK_NAME.match(name):
         raise CniError(E_INVALID_CONFIG, "network 'name' missing or not [A-Za-z0-9_.-]")
+    return name
+
+
+def parse_request(env: Mapping[str, str], stdin: bytes) -> CniRequest:
+    """The request a runtime made (spec 1.0, "Parameters"), checked; raises CniError."""
+    command = _env(env, "CNI_COMMAND")
+    if command not in COMMANDS:
+        raise CniError(E_INVALID_ENV, f"CNI_COMMAND {command[:20]!r} is not one of {COMMANDS}")
+    conf = parse_config(stdin) if stdin.strip() or command != "VERSION" else {}
+    version = conf.get("cniVersion", CNI_VERSION)
+    if not isinstance(version, str):
+        raise CniError(E_INVALID_CONFIG, "cniVersion must be a string")
+    if command == "VERSION":
+        return CniRequest(command, version)
+    name = _network(conf, version)
+    if command in NETWORK_COMMANDS:
+        if version in ("0.4.0", "1.0.0"):
+            raise CniError(E_INCOMPATIBLE_VERSION, f"{command} needs cniVersion 1.1.0")
+        return CniRequest(command=command, version=version, network=name, config=conf)
     container_id = _env(env, "CNI_CONTAINERID")
     if not _CONTAINER_ID.match(container_id):
         raise CniError(E_INVALID_ENV, "CNI_CONTAINERID must be [A-Za-z0-9_.-], 1-1024 long")
@@ -264,6 +285,17 @@ def run(req: CniRequest, via: Any = None) -> dict[str, Any] | None:
         return add_result(
             req, pod["mac"], pod["ip"], int(pod["prefix"]), pod["gateway"], pod["dns"]
         )
+    if req.command == "STATUS":
+        try:
+            etcd = _call(req, "status", via).get("etcd") or {}
+        except CniError as e:
+            raise CniError(E_NOT_AVAILABLE, e.msg, e.details) from None
+        if not etcd.get("ok"):
+            raise CniError(E_NOT_AVAILABLE, "podnetd cannot reach etcd", str(etcd.get("error")))
+        return None
+    if req.command == "GC":
+        _call(req, "container_gc", via)
+        return None
     if req.command == "DEL":
         try:
             _call(req, "container_del", via, **_ident(req))

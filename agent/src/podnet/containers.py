@@ -171,6 +171,41 @@ def alive(pid: int, start: int) -> bool:
     return pid > 0 and proc_start(pid) == start and start != 0
 
 
+def _pid_ns(pid: int | str) -> tuple[int, int] | None:
+    try:
+        st = Path(f"/proc/{pid}/ns/pid").stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def host_proc_path(path: str, caller_pid: int) -> str:
+    """`/proc/<pid>/ns/net` as the caller's pid namespace numbers it, in podnetd's numbers.
+    A runtime in a job step (jobs have pid namespaces of their own) names its container by
+    its own pid numbers; podnetd's /proc has the host's. The process is looked for in the
+    caller's pid namespace only (NSpid); not found: a path that does not exist. Other
+    paths, and callers in podnetd's pid namespace, are returned as they are."""
+    m = _PROC_NETNS.match(path)
+    ns = _pid_ns(caller_pid) if m and caller_pid > 0 else None
+    if m is None or ns is None or ns == _pid_ns("self"):
+        return path
+    want = m.group(1)
+    for p in Path("/proc").iterdir():
+        d = p.name
+        if not d.isdigit() or _pid_ns(d) != ns:
+            continue
+        try:
+            status = (p / "status").read_text()
+        except OSError:
+            continue
+        for line in status.splitlines():
+            if line.startswith("NSpid:"):
+                if line.split()[-1] == want:
+                    return f"/proc/{d}/ns/net"
+                break
+    return f"/proc/{want}/ns/net/not-in-the-callers-pid-namespace"
+
+
 def open_netns(path: str) -> tuple[int, NsFacts]:
     """Open a network namespace named by `path` and read who owns it; the caller closes
     the fd. Raises PodnetError for anything that is not a network namespace."""
@@ -308,11 +343,14 @@ def release_records(alloc: Allocator, keys: Keys, node: str, pod: Pod) -> None:
     if label:
         ops.append(op_delete(f"{zone_path(alloc.zone)}/{pod.user}/{label}/ctr"))
         name_key = keys.name(pod.user, label)
+        # one round trip: the name's claim goes only while it is this container's
         alloc.etcd.txn(
             [cmp_value(name_key, store.json_dumps({"container": pod.name, "node": node}))],
-            [op_delete(name_key)],
+            [*ops, op_delete(name_key)],
+            ops,
         )
-    alloc.etcd.put_many(ops)
+    else:
+        alloc.etcd.put_many(ops)
     alloc.ipam.mark([pod.ip], used=False)
 
 
@@ -351,7 +389,7 @@ class Containers:
         label = check_label(label) if label else default_label(container_id)
         fd = -1
         if netns_path:
-            fd, facts = open_netns(netns_path)
+            fd, facts = open_netns(host_proc_path(netns_path, caller_pid))
             try:
                 uid = decide_owner(caller_uid, facts, asked_uid)
             except BaseException:
@@ -527,12 +565,11 @@ class Containers:
 
     def _unwire(self, pod: Pod) -> None:
         r = self.r
-        # the container's namespace may live on (DEL before exit): take our link out
+        # the container's namespace may live on (DEL before exit): take our link out (by
+        # name: a dump of every link cost DEL more than all else with hundreds of them)
         if pod.veth:
-            with contextlib.suppress(nl.NetlinkError, KeyError):
-                links = nl.links(r.dp.nl())
-                if pod.veth in links:
-                    r.dp.nl().batch([nl.del_link(int(links[pod.veth]["index"]), pod.veth)])
+            with contextlib.suppress(nl.NetlinkError):
+                r.dp.nl().batch([nl.del_link_named(pod.veth)])
         netns.remove(Path(pod.netns))
         if pod.ip:
             try:

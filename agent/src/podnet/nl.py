@@ -365,6 +365,15 @@ def del_link(index: int, what: str) -> Request:
     return Request(m, RTM_DELLINK, _SET, f"delete link {what}", ignore=(errno.ENODEV,))
 
 
+def del_link_named(name: str) -> Request:
+    """Delete a link by name (the kernel looks IFLA_IFNAME up when the index is 0): no
+    dump of every link first. A link that is not there (ENODEV) is no error."""
+    m = ifinfmsg()
+    m["index"] = 0
+    m["attrs"] = [("IFLA_IFNAME", name)]
+    return Request(m, RTM_DELLINK, _SET, f"delete link {name}", ignore=(errno.ENODEV,))
+
+
 def addr(index: int, ip: str, prefix: int) -> Request:
     m = ifaddrmsg()
     m["family"] = AF_INET

@@ -111,6 +111,7 @@ class Handler:
             "container_add": self.container_add,
             "container_del": self.container_del,
             "container_check": self.container_check,
+            "container_gc": self.container_gc,
             "cni": self.cni,
         }
 
@@ -262,6 +263,12 @@ class Handler:
         if pod is None:
             raise PodnetError("ENOENT", "no such container interface on this node")
         return {"pod": self._container_reply(pod), "problems": self.agent.containers.check(pod)}
+
+    def container_gc(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """CNI GC: the containers loop's collection, now (containers whose process is gone,
+        any user's: what the loop does every CONTAINER_GC_SECONDS anyway)."""
+        del peer, req
+        return {"released": len(self.agent.containers.gc_once())}
 
     def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,

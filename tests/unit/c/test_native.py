@@ -657,6 +657,16 @@ def test_cni_plugin_relays_the_request_and_prints_podnetds_answer(tmp_path: Path
         check=False,
     )
     assert r.returncode == 1 and _json.loads(r.stdout)["code"] == 11
+    # CNI 1.1 STATUS without a daemon: "not available" (50), not "try again"
+    r = subprocess.run(
+        [str(exe)],
+        input=conf,
+        env={**env, "CNI_COMMAND": "STATUS", "PODNET_SOCKET": str(tmp_path / "x")},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 1 and _json.loads(r.stdout)["code"] == 50
     r = subprocess.run(
         [str(exe)],
         input="",
@@ -665,4 +675,5 @@ def test_cni_plugin_relays_the_request_and_prints_podnetds_answer(tmp_path: Path
         text=True,
         check=False,
     )
-    assert r.returncode == 0 and "1.0.0" in _json.loads(r.stdout)["supportedVersions"]
+    assert _json.loads(r.stdout)["supportedVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
+    assert r.returncode == 0

@@ -62,14 +62,14 @@ def test_version_needs_no_container() -> None:
     assert r.command == "VERSION" and r.version == "0.4.0"
     assert cni.parse_request({"CNI_COMMAND": "VERSION"}, b"").version == "1.0.0"
     reply = cni.version_reply()
-    assert reply == {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0"]}
+    assert reply == {"cniVersion": "1.0.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]}
 
 
 @pytest.mark.parametrize(
     ("env", "code"),
     [
         ({"CNI_COMMAND": ""}, cni.E_INVALID_ENV),
-        ({"CNI_COMMAND": "STATUS"}, cni.E_INVALID_ENV),
+        ({"CNI_COMMAND": "FROB"}, cni.E_INVALID_ENV),
         ({"CNI_CONTAINERID": ""}, cni.E_INVALID_ENV),
         ({"CNI_CONTAINERID": "../../etc"}, cni.E_INVALID_ENV),
         ({"CNI_IFNAME": "a-very-long-ifname0"}, cni.E_INVALID_ENV),
@@ -134,3 +134,34 @@ def test_add_result_follows_the_requested_version() -> None:
     assert old["cniVersion"] == "0.4.0" and old["ips"][0]["version"] == "4"
     err = cni.CniError(cni.E_TRY_AGAIN, "podnetd busy", "retry").reply("0.4.0")
     assert err == {"cniVersion": "0.4.0", "code": 11, "msg": "podnetd busy", "details": "retry"}
+
+
+def test_gc_and_status_of_cni_1_1() -> None:
+    """GC and STATUS carry only the network configuration (no container, netns,
+    ifname); they need cniVersion 1.1.0. STATUS reports podnetd's etcd as CNI error 50
+    (not available); GC asks podnetd for its collection of containers whose process is
+    gone, nothing else (`cni.dev/valid-attachments` is not a list of every runtime's)."""
+    conf = {**CONF, "cniVersion": "1.1.0", "cni.dev/valid-attachments": []}
+    bare = {"CNI_CONTAINERID": "", "CNI_NETNS": "", "CNI_IFNAME": ""}
+    for command in ("GC", "STATUS"):
+        r = _req({**bare, "CNI_COMMAND": command}, conf)
+        assert (r.command, r.version, r.network, r.container_id) == (command, "1.1.0", "podnet", "")
+        assert _code({"CNI_COMMAND": command}) == cni.E_INCOMPATIBLE_VERSION
+    calls: list[str] = []
+    etcd: dict[str, Any] = {"ok": True}
+
+    def via(op: str, **args: Any) -> dict[str, Any]:
+        assert not args
+        calls.append(op)
+        return {"etcd": etcd} if op == "status" else {"released": 0}
+
+    data = json.dumps(conf).encode()
+    assert cni.serve({**ENV, **bare, "CNI_COMMAND": "STATUS"}, data, via) == (0, "")
+    assert cni.serve({**ENV, **bare, "CNI_COMMAND": "GC"}, data, via) == (0, "")
+    assert calls == ["status", "container_gc"]
+    etcd.update(ok=False, error="connection refused")
+    rc, out = cni.serve({**ENV, **bare, "CNI_COMMAND": "STATUS"}, data, via)
+    err = json.loads(out)
+    assert rc == 1 and err["code"] == cni.E_NOT_AVAILABLE and "refused" in err["details"]
+    # a 1.1.0 ADD is a 1.0.0 one
+    assert _req(conf={**CONF, "cniVersion": "1.1.0"}).version == "1.1.0"

@@ -297,7 +297,7 @@ def test_cni_add_del_check_through_podnetd(tmp_path: Path) -> None:
 
 def test_cni_version_needs_no_podnetd(tmp_path: Path) -> None:
     rc, res = _plugin(tmp_path / "nothing", "VERSION")
-    assert rc == 0 and res["supportedVersions"] == ["0.4.0", "1.0.0"]
+    assert rc == 0 and res["supportedVersions"] == ["0.4.0", "1.0.0", "1.1.0"]
 
 
 def test_handler_serves_the_c_plugins_relay_as_the_caller() -> None:
@@ -328,3 +328,28 @@ def test_handler_serves_the_c_plugins_relay_as_the_caller() -> None:
     bad = dict(req, config="{not json")
     reply = h.handle_line(Peer(500, 1001, 1001), json.dumps(bad).encode())
     assert reply["cni_rc"] == 1 and json.loads(reply["cni_out"])["code"] == cni.E_DECODE
+
+
+def test_proc_paths_of_a_runtime_in_a_pid_namespace_are_its_own() -> None:
+    """A runtime in a job step (a pid namespace of the job's) names its container as
+    /proc/<its pid>/ns/net: podnetd reads that pid in the caller's pid namespace."""
+    from podnet.containers import host_proc_path  # noqa: PLC0415
+
+    me = os.getpid()
+    assert host_proc_path("/proc/1/ns/net", me) == "/proc/1/ns/net"  # podnetd's own pidns
+    assert host_proc_path("/run/netns/x", me) == "/run/netns/x"
+    if os.geteuid() != 0:
+        pytest.skip("a pid namespace needs root")
+    p = subprocess.Popen(["unshare", "-p", "-f", "sleep", "60"])
+    try:
+        for _ in range(100):  # the forked sleep: pid 1 of the new pid namespace
+            kids = Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split()
+            if kids:
+                break
+            time.sleep(0.05)
+        inner = int(kids[0])
+        assert host_proc_path("/proc/1/ns/net", inner) == f"/proc/{inner}/ns/net"
+        assert not Path(host_proc_path("/proc/2/ns/net", inner)).exists()  # none there
+    finally:
+        p.kill()
+        p.wait()
