@@ -55,7 +55,7 @@ notes:
     except for membership changes, which are never sent twice.
   - In check mode, when a file of O(ca_cert), O(client_cert) or O(client_key) does not exist
     (etcd not deployed yet, for instance a first C(site.yml --check)), the module does not
-    fail: it reports changed (a reading module, nothing found) with a C(msg) saying so and
+    fail but reports changed (a reading module, nothing found) with a C(msg) saying so and
     C(not_deployed=true). Outside check mode the missing file fails the task.
 """
 
