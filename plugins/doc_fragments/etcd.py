@@ -53,6 +53,10 @@ notes:
     C(ansible.module_utils.urls)).
   - Transient etcd errors (leader change, request timed out) are retried on the next endpoint,
     except for membership changes, which are never sent twice.
+  - In check mode, when a file of O(ca_cert), O(client_cert) or O(client_key) does not exist
+    (etcd not deployed yet, for instance a first C(site.yml --check)), the module does not
+    fail but reports changed (a reading module, nothing found) with a C(msg) saying so and
+    C(not_deployed=true). Outside check mode the missing file fails the task.
 """
 
     # What every etcd module shares beyond check and diff mode, which each module describes

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+import os
 import socket
 import ssl
 import time
@@ -472,13 +473,47 @@ def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
     )
 
 
+def not_deployed(params: dict[str, t.Any]) -> str | None:
+    """Why this node cannot talk to etcd yet, or None: the CA or client certificate files
+    are missing (the etcd role writes them; in check mode it only says it would)."""
+    missing = [
+        str(params[opt])
+        for opt in ("ca_cert", "client_cert", "client_key")
+        if params.get(opt) and not os.path.exists(params[opt])
+    ]
+    if not missing:
+        return None
+    return "{} {} not exist yet".format(", ".join(missing), "does" if len(missing) == 1 else "do")
+
+
+def check_mode_not_deployed(module: t.Any, changed: bool = True, **result: t.Any) -> None:
+    """In check mode, when etcd's client certificates are not deployed yet (nothing is
+    installed, or the run that would install them is this check), exit with ``changed``
+    and a message saying so instead of failing. Outside check mode it does nothing: the
+    request is made and a missing file fails loudly."""
+    if not module.check_mode:
+        return
+    reason = not_deployed(module.params)
+    if reason is None:
+        return
+    msg = (
+        f"check mode: {reason} (etcd not deployed yet): the change cannot be computed, "
+        "it would be made once etcd runs"
+        if changed
+        else f"check mode: {reason} (etcd not deployed yet): nothing to read"
+    )
+    module.exit_json(changed=changed, msg=msg, not_deployed=True, **result)
+
+
 def run_module(
     module: t.Any,
     run: t.Callable[[dict[str, t.Any], bool, EtcdGateway], dict[str, t.Any]],
     errors: tuple[type[Exception], ...],
 ) -> None:
     """The end of every writing module: run against the gateway, fail on the module's
-    own errors or the gateway's, drop the diff unless asked for, exit."""
+    own errors or the gateway's, drop the diff unless asked for, exit. In check mode
+    without etcd's client certificates (not deployed yet): changed, with a message."""
+    check_mode_not_deployed(module)
     caught: tuple[type[Exception], ...] = (EtcdGatewayError, *errors)
     try:
         result = run(module.params, module.check_mode, gateway_from_module_params(module.params))

@@ -22,7 +22,9 @@ extends_documentation_fragment:
 attributes:
   check_mode:
     support: full
-    description: Reads only; runs the same in check mode.
+    description:
+      - Reads only; runs the same in check mode, except before etcd is deployed (its client
+        certificate files missing), where it reports the key as not existing.
   diff_mode:
     support: none
     description: Nothing changes, so there is nothing to diff.
@@ -103,6 +105,7 @@ from ansible_collections.hpc.podnet.plugins.module_utils._etcd_gateway import ( 
     ETCD_COMMON_ARGUMENT_SPEC,
     EtcdGateway,
     EtcdGatewayError,
+    check_mode_not_deployed,
     gateway_from_module_params,
 )
 
@@ -147,6 +150,13 @@ def main() -> None:
         prefix={"type": "bool", "default": False},
     )
     module = AnsibleModule(argument_spec=argument_spec, supports_check_mode=True)
+    # check mode before etcd is deployed: the key does not exist (yet)
+    empty: dict[str, t.Any] = (
+        {"kvs": []}
+        if module.params["prefix"]
+        else {"value": None, "json": None, "mod_revision": 0, "version": 0}
+    )
+    check_mode_not_deployed(module, changed=False, key=module.params["key"], exists=False, **empty)
     try:
         result = read(
             module.params["key"], module.params["prefix"], gateway_from_module_params(module.params)

@@ -329,3 +329,50 @@ def test_member_remove_and_readd_keeps_data(etcd_cluster: Any, run_module: Any) 
         {"endpoints": [m3.client_url], **etcd_cluster.tls_args(), "key": "/podnet/it/durable"},
     )
     assert got["json"] == {"v": 1}, "the re-added member must serve the old data"
+
+
+# -- check mode before etcd is deployed (issue 12: site.yml --check on empty nodes) -------
+@pytest.mark.parametrize(
+    ("module", "extra"),
+    [
+        ("etcd_key", {"key": "/podnet/it/x", "value": "1"}),
+        ("etcd_auth", {"roles": [{"name": "r", "permissions": [{"key": "/x/", "prefix": True}]}]}),
+        ("etcd_member", {"name": "m9", "peer_urls": ["https://127.0.0.1:1"]}),
+        ("gateway_policy", {"cluster": "it", "global_policy": {}}),
+    ],
+)
+def test_check_mode_without_client_certificates(
+    tmp_path: Any, run_module: Any, module: str, extra: dict[str, Any]
+) -> None:
+    """No certificate files (etcd not deployed): check mode reports the change with a
+    message, a real run fails loudly on the missing file."""
+    args = {
+        "endpoints": ["https://127.0.0.1:1"],
+        "ca_cert": str(tmp_path / "ca.crt"),
+        "client_cert": str(tmp_path / "admin.crt"),
+        "client_key": str(tmp_path / "admin.key"),
+        **extra,
+    }
+    res = run_module(module, args, check=True, diff=True)
+    assert res.get("failed") is not True, res
+    assert res["changed"] is True
+    assert res["not_deployed"] is True
+    assert "etcd not deployed yet" in res["msg"] and str(tmp_path / "ca.crt") in res["msg"]
+
+    res = run_module(module, args)
+    assert res["failed"] is True, res
+    assert res["changed"] is False
+
+
+def test_key_info_check_mode_without_client_certificates(tmp_path: Any, run_module: Any) -> None:
+    args = {
+        "endpoints": ["https://127.0.0.1:1"],
+        "ca_cert": str(tmp_path / "ca.crt"),
+        "key": "/podnet/it/",
+        "prefix": True,
+    }
+    res = run_module("etcd_key_info", args, check=True)
+    assert res.get("failed") is not True, res
+    assert res["changed"] is False and res["exists"] is False and res["kvs"] == []
+    assert res["not_deployed"] is True
+    assert run_module("etcd_key_info", args)["failed"] is True
