@@ -47,6 +47,8 @@ def env(json_out: bool = False) -> dict[str, str]:
     e = dict(os.environ)
     e["ANSIBLE_CONFIG"] = str(REPO / "ansible.cfg")
     e["ANSIBLE_NOCOLOR"] = "1"
+    # molecule's verify step exports ANSIBLE_FORCE_COLOR: colour codes in the recap's host names
+    e.pop("ANSIBLE_FORCE_COLOR", None)
     e["PATH"] = f"{REPO / '.venv' / 'bin'}:{e.get('PATH', '')}"
     if json_out:
         e["ANSIBLE_LOAD_CALLBACK_PLUGINS"] = "1"
@@ -66,6 +68,7 @@ def playbook(*extra: str, inventory: str | None = None) -> dict[str, dict[str, i
     recap: dict[str, dict[str, int]] = {}
     for m in re.finditer(r"^(\S+)\s+:\s+(.*)$", proc.stdout.split("PLAY RECAP")[-1], re.M):
         recap[m.group(1)] = {k: int(v) for k, v in re.findall(r"(\w+)=(\d+)", m.group(2))}
+    assert recap and all("changed" in r for r in recap.values()), proc.stdout[-2000:]
     return recap
 
 
