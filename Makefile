@@ -33,11 +33,11 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
-  suite-quick suite-etcd-ha suite-molecule suite-day2
+  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
+  suite-quick suite-roles suite-molecule suite-day2
 
 help:
-	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-lab-harness | test-agent | test-molecule | bench-agent"
+	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
 
 ## --- dependencies -----------------------------------------------------------
 host-deps: $(CACHE_DIR)/host-deps.stamp
@@ -135,11 +135,16 @@ fuzz: host-deps
 integration: deps artifacts
 	$(PY) -m pytest -q $(ROOT)/tests/integration
 
-# The 3-member etcd proof on its own lab (tests/integration/run-etcd-ha.sh).
+# The standalone role scenarios (tests/molecule/<role>, one lab each, one after the other):
+# etcd on 3 members with its HA checks, coredns (+ one etcd member) with dig, apptainer.
+ROLE_SCENARIOS := etcd coredns apptainer
+test-roles: deps artifacts
+	$(MAKE) --no-print-directory suite-roles
+suite-roles:
+	$(ROOT)/tests/molecule/run-scenarios.sh $(ROLE_SCENARIOS)
+# The 3-member etcd proof alone (the etcd scenario).
 test-etcd-ha: deps
-	$(MAKE) --no-print-directory suite-etcd-ha
-suite-etcd-ha:
-	$(call LOCKED,etcd-ha) $(ROOT)/tests/integration/run-etcd-ha.sh
+	$(ROOT)/tests/molecule/run-scenarios.sh etcd
 
 # The lab harness itself: host forwarding guard, the slim CoreDNS against a real
 # etcd, and a throwaway lab (up, ssh, re-up, SIGKILL recovery, clean down).
@@ -173,10 +178,10 @@ suite-day2:
 
 # What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
 # by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
-# one after the other, beside the etcd-HA lab; then the molecule lab beside the day-2 lab.
+# one after the other, beside the role scenarios; then the molecule lab beside the day-2 lab.
 # The suite-* targets have no prerequisites (built here first, never twice at once).
 test: deps artifacts collection-tarball
-	$(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd-ha
+	$(MAKE) --no-print-directory -j2 -O suite-quick suite-roles
 	$(MAKE) --no-print-directory -j2 -O suite-molecule suite-day2
 suite-quick:
 	$(MAKE) --no-print-directory -j1 lint unit integration test-lab-harness test-agent

@@ -6,23 +6,12 @@ from __future__ import annotations
 
 import base64
 import re
+from pathlib import Path
 
 from conftest import ssh
 
 # A tiny root file system from the node's own binaries (no image registry in the lab).
-MKROOT = """set -e
-d=$1
-rm -rf "$d"
-mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
-for b in /bin/sh /usr/bin/id /bin/cat /bin/readlink /bin/sleep; do
-    cp "$b" "$d/bin/"
-    for l in $(ldd "$b" | grep -o '/[^ ]*'); do
-        mkdir -p "$d$(dirname "$l")"
-        cp -n "$l" "$d$l"
-    done
-done
-echo podnet-test-image >"$d/etc/podnet-image"
-"""
+MKROOT = (Path(__file__).resolve().parent / "apptainer-mkroot.sh").read_text()
 
 
 def install_mkroot(node: str) -> str:
