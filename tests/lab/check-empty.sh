@@ -6,8 +6,8 @@
 # ANSIBLE_COLLECTIONS_PATH or ansible.cfg finds). Each must end with rc 0 and no failed task;
 # nothing on the nodes changes (only the controller PKI is created: docs/admin-guide.md).
 #   tests/lab/check-empty.sh INVENTORY [LOG_DIR]
-# Not in CI yet: it takes longer than CI's stage 2 leaves (about 20 min for site.yml alone
-# on a busy 2-core host). The day-2
+# Not in CI: it takes longer than CI leaves (17.5 min for the 9 playbooks on 4 nodes at a
+# load of 5, site.yml 7.5 min and upgrade.yml 10 of it; 2026-11-26). The day-2
 # runs go CHECK_EMPTY_JOBS at a time (default 3); NODE (default: the last compute node) is the
 # --limit of scale.yml and reset.yml and the node remove_node.yml removes.
 set -uo pipefail
