@@ -37,8 +37,16 @@ if [ -n "$FROM" ]; then
         git -C "$ROOT" archive "$FROM" | tar -x -C "$A"
         touch "$A/.extracted"
     fi
-    echo "day2: version A ($FROM): artifacts (log $log)"
-    make -C "$A" --no-print-directory artifacts collection-link >"$log" 2>&1 \
+    # A's artifacts in a cache of their own (its Go caches shared): A names its CoreDNS as
+    # this checkout does (coredns-<version>-linux-amd64) but builds it otherwise, and one
+    # file for both would swap the binary under the other suites (their idempotence) and
+    # make the upgrade deploy A's CoreDNS. PODNET_CACHE_DIR on the command line: A's
+    # Makefile exports its own.
+    a_cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
+    a_env=(PODNET_CACHE_DIR="$a_cache/day2-from")
+    echo "day2: version A ($FROM): artifacts in $a_cache/day2-from (log $log)"
+    GOMODCACHE=$a_cache/go/mod GOCACHE=$a_cache/go/build \
+        make -C "$A" --no-print-directory artifacts collection-link "${a_env[@]}" >"$log" 2>&1 \
         || { tail -n 60 "$log"; exit 1; }
     cp "$("$LAB" inventory)" "$A/inventories/lab/hosts.yml"
     echo "day2: Slurm (this checkout's slurm.yml), without c3"
@@ -46,7 +54,7 @@ if [ -n "$FROM" ]; then
         >>"$log" 2>&1 || { tail -n 60 "$log"; exit 1; }
     echo "day2: version A: preflight, etcd, dns, podnet, apptainer, without c3"
     # A's own Makefile environment (venv, ANSIBLE_CONFIG, its wheelhouse) around its playbooks
-    (cd "$A" && make --no-print-directory -s -f Makefile -f - day2-deploy-a <<'MK'
+    (cd "$A" && make --no-print-directory -s -f Makefile -f - day2-deploy-a "${a_env[@]}" <<'MK'
 day2-deploy-a:
 	ansible-playbook -i $(ROOT)/inventories/lab/hosts.yml --limit 'all:!c3' \
 	  $(addprefix $(ROOT)/playbooks/,preflight.yml etcd.yml dns.yml podnet.yml apptainer.yml)
