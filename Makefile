@@ -34,7 +34,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
-  suite-quick suite-roles suite-etcd suite-day2-roles suite-molecule suite-day2
+  suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
 
 help:
 	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -178,19 +178,23 @@ suite-day2:
 
 # What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
 # by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
-# one after the other, beside the etcd scenario; then the molecule lab beside the day-2 lab
-# followed by the coredns and apptainer scenarios (the two sides of a stage take about as
-# long: 2026-11-26 rehearsal, molecule lab ~40 min, day-2 ~37 min, coredns + apptainer
-# ~6 min). The suite-* targets have no prerequisites (built here first, never twice at once).
+# one after the other, then the coredns scenario, beside the etcd scenario; then the
+# molecule lab followed by the apptainer scenario beside the day-2 lab (the two sides of a
+# stage take about as long: 2026-11-26 rehearsal, etcd scenario ~20 min, quick checks
+# ~15 + coredns ~3.5; molecule lab ~35 + apptainer ~2, day-2 ~35). The suite-* targets
+# have no prerequisites (built here first, never twice at once); each side runs all its
+# parts and fails if one failed.
 test: deps artifacts collection-tarball
-	$(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd
-	$(MAKE) --no-print-directory -j2 -O suite-molecule suite-day2-roles
+	$(MAKE) --no-print-directory -j2 -O suite-quick-roles suite-etcd
+	$(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2
 suite-etcd:
 	$(ROOT)/tests/molecule/run-scenarios.sh etcd
-# both run; fails if either failed
-suite-day2-roles:
-	rc=0; $(MAKE) --no-print-directory suite-day2 || rc=1; \
-	  $(ROOT)/tests/molecule/run-scenarios.sh coredns apptainer || rc=1; exit $$rc
+suite-quick-roles:
+	rc=0; $(MAKE) --no-print-directory suite-quick || rc=1; \
+	  $(ROOT)/tests/molecule/run-scenarios.sh coredns || rc=1; exit $$rc
+suite-molecule-roles:
+	rc=0; $(MAKE) --no-print-directory suite-molecule || rc=1; \
+	  $(ROOT)/tests/molecule/run-scenarios.sh apptainer || rc=1; exit $$rc
 suite-quick:
 	$(MAKE) --no-print-directory -j1 lint unit integration test-lab-harness test-agent
 
