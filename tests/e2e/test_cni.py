@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 from conftest import CLUSTER, LAB, POD_CIDR, REPO, etcdctl, pod_of, pods, ssh, wait_for
+from test_apptainer import install_mkroot
 
 PLUGIN = "/usr/lib/cni/podnet"
 CONF = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
@@ -284,31 +285,16 @@ def test_exit_and_kill9_release_address_and_name(world: dict[str, Any]) -> None:
     assert not ssh("c2", "ls /run/netns | grep '^pn-c' || true").stdout.strip()
 
 
-MKROOT = """set -e
-d=$1
-rm -rf "$d"
-mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
-for b in /bin/sh /bin/cat /bin/sleep /bin/ping /bin/readlink /usr/bin/timeout; do
-    cp "$b" "$d/bin/"
-    for l in $(ldd "$b" | grep -o '/[^ ]*'); do
-        mkdir -p "$d$(dirname "$l")"
-        cp -n "$l" "$d$l"
-    done
-done
-"""
-
-
 def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
     world: dict[str, Any],
 ) -> None:
     job = world["jobs"]["alice"]
     a1 = world["a1"]
-    b64 = base64.b64encode(MKROOT.encode()).decode()
-    ssh("c1", f"echo {b64} | base64 -d >/tmp/pncni-mkroot.sh && chmod 0755 /tmp/pncni-mkroot.sh")
+    mkroot = install_mkroot("c1")
     step = f"runuser -u alice -- srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3"
     built = ssh(
         "login",
-        f"cd /tmp && {step} sh -c '/tmp/pncni-mkroot.sh /tmp/pncni-root && "
+        f"cd /tmp && {step} sh -c '{mkroot} /tmp/pncni-root /bin/ping /usr/bin/timeout && "
         "apptainer -q build -F /tmp/pncni.sif /tmp/pncni-root >/dev/null && echo built'",
         timeout=180,
     ).stdout
@@ -351,7 +337,7 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
         ),
         30,
     )
-    ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-mkroot.sh /tmp/pncni-run.sh")
+    ssh("c1", "rm -rf /tmp/pncni.sif /tmp/pncni-root /tmp/pncni-run.sh")
 
 
 # -- conformance: the plugin under cnitool (the CNI project's runtime, libcni) -----------

@@ -28,25 +28,13 @@ from typing import Any
 
 import pytest
 from conftest import CLUSTER, etcdctl, in_pod, pod_of, ssh, wait_for
+from test_apptainer import install_mkroot
 from test_attack_host import FORGE
 
 FLANNEL_NET = "203.0.113.0/25"  # inventories/lab/group_vars/all/lab.yml
 FLANNEL_PORT = 8472
 SIF = "/tmp/podnet-e2e-flannel.sif"
 NODES = ("c1", "c2")
-
-MKROOT = """set -e
-d=$1
-rm -rf "$d"
-mkdir -p "$d/bin" "$d/etc" "$d/proc" "$d/sys" "$d/dev" "$d/tmp"
-for b in /bin/sh /bin/sleep /bin/cat /bin/readlink /usr/bin/id; do
-    cp "$b" "$d/bin/"
-    for l in $(ldd "$b" | grep -o '/[^ ]*'); do
-        mkdir -p "$d$(dirname "$l")"
-        cp -n "$l" "$d$l"
-    done
-done
-"""
 
 #: UDP listener (run in a container's netns): argv log port; logs "udp <src ip> <payload>"
 LISTENER = r"""
@@ -124,10 +112,10 @@ def containers(jobs: dict[str, int]) -> Iterator[dict[str, Container]]:
     """One container on each node of alice's 2-node job, started while the job runs."""
     assert sorted(job_nodes(jobs["alice"])) == sorted(NODES), job_nodes(jobs["alice"])
     for node in NODES:
-        _put(node, "/tmp/podnet-e2e-mkroot.sh", MKROOT)
+        mkroot = install_mkroot(node)
         ssh(
             node,
-            "sh /tmp/podnet-e2e-mkroot.sh /tmp/podnet-e2e-flannel-root && "
+            f"{mkroot} /tmp/podnet-e2e-flannel-root && "
             f"apptainer -q build -F {SIF} /tmp/podnet-e2e-flannel-root >/dev/null",
             timeout=180,
         )
