@@ -142,8 +142,9 @@ parse_subnet() {
     BCAST=$(( NET | (~mask & 0xffffffff) ))
     [ "$(int2ip "$NET")/$PREFIX" = "$1" ] || die "LAB_SUBNET '$1' has host bits set (network is $(int2ip "$NET")/$PREFIX)"
     HOST_IP=$(int2ip $((NET + 1)))
-    [[ $LAB_NODE_BASE =~ ^[0-9]+$ ]] && (( LAB_NODE_BASE >= 6 )) \
-        || die "LAB_NODE_BASE must be a number >= 6 (.1 is the host, .5 the gateways' address)"
+    if ! [[ $LAB_NODE_BASE =~ ^[0-9]+$ ]] || (( LAB_NODE_BASE < 6 )); then
+        die "LAB_NODE_BASE must be a number >= 6 (.1 is the host, .5 the gateways' address)"
+    fi
     local count
     count=$(wc -w <<<"$(cluster_nodes)")   # ext is on the external network only
     # the last node is .(base + count - 1); it must be below the broadcast address
