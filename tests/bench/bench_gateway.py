@@ -11,6 +11,10 @@
     iperf3 (one stream, BENCH_GW_TPUT_SECONDS) from alice's pod on c1 to ext through
     the active gateway versus from the active gateway itself to ext, alternating,
     BENCH_GW_TPUT_RUNS runs each, medians;
+  - gateway_egress_cpu_pod_s_per_gb / _host_s_per_gb, gateway_egress_cpu_ratio: the
+    CPU time iperf3 reports for its client and server (their system time holds the
+    softirq work of every hop run in their context) per GB, same runs; host over pod:
+    the cost ratio, steadier than the throughput ratio on a shared machine;
   - gateway_failover_ms: the active gateway loses both links, the cluster side first
     (no VRRP goodbye: a dead gateway, as the network sees it); from the last TCP
     connection from alice's pod to ext that worked before to the first that works
@@ -189,16 +193,21 @@ def _job() -> tuple[int, str]:
     raise SystemExit("no pod for the benchmark job")
 
 
-def _iperf(node: str, prefix: str, ext: str) -> float:
+def _iperf(node: str, prefix: str, ext: str) -> tuple[float, float]:
+    """Gbit/s received, and CPU seconds (client + server) per GB."""
     o = ssh(node, f"{prefix}iperf3 -J -t {TPUT_SECONDS} -c {ext}", timeout=TPUT_SECONDS + 60)
-    return float(json.loads(o)["end"]["sum_received"]["bits_per_second"]) / 1e9
+    end = json.loads(o)["end"]
+    rx, cpu = end["sum_received"], end["cpu_utilization_percent"]
+    cpu_s = (float(cpu["host_total"]) + float(cpu["remote_total"])) / 100 * float(rx["seconds"])
+    return float(rx["bits_per_second"]) / 1e9, cpu_s / (float(rx["bytes"]) / 1e9)
 
 
 def bench_throughput(ns: str, vip: str, ext: str) -> None:
     ssh("ext", "pkill iperf3; setsid iperf3 -s -D >/dev/null 2>&1 </dev/null", check=False)
     # the lab policy allows tcp 8000-8099 only: iperf3's 5201 is allowed for the run
     ssh("ext", "true")
-    pod, host = [], []
+    pod: list[tuple[float, float]] = []
+    host: list[tuple[float, float]] = []
     for i in range(TPUT_RUNS):
         gw = active_gateway(vip)
         order = ("pod", "host") if i % 2 == 0 else ("host", "pod")
@@ -208,10 +217,14 @@ def bench_throughput(ns: str, vip: str, ext: str) -> None:
             else:
                 host.append(_iperf(gw, "", ext))
     ssh("ext", "pkill iperf3", check=False)
-    p, h = statistics.median(pod), statistics.median(host)
+    p, h = statistics.median(x[0] for x in pod), statistics.median(x[0] for x in host)
     out("gateway_egress_throughput_pod_gbps", p, "Gbit/s")
     out("gateway_egress_throughput_host_gbps", h, "Gbit/s")
     out("gateway_egress_throughput_ratio", p / h, "ratio")
+    pc, hc = statistics.median(x[1] for x in pod), statistics.median(x[1] for x in host)
+    out("gateway_egress_cpu_pod_s_per_gb", pc, "s/GB")
+    out("gateway_egress_cpu_host_s_per_gb", hc, "s/GB")
+    out("gateway_egress_cpu_ratio", hc / pc, "ratio")
 
 
 def bench_failover(ns: str, vip: str, ext: str) -> None:

@@ -10,6 +10,8 @@
 #      LAB_NSPAWN_ARGS (extra systemd-nspawn options for nodes booted by this up),
 #      LAB_GATEWAYS (0; 1 adds gw1 gw2 ext and the external network LAB_EXT_SUBNET,
 #      default 203.0.113.192/27, on a second bridge <LAB_NAME>bx0: docs/lab.md),
+#      LAB_NODE_BASE (10: the first node's host number in LAB_SUBNET; 6 fits the 6 nodes
+#      of a gateway lab into a /28),
 #      LAB_DYNAMIC_NODES (""; compute nodes marked slurm_node_dynamic in the inventory:
 #      Slurm dynamic nodes that playbooks/scale.yml adds later, tests/day2).
 set -euo pipefail
@@ -19,13 +21,14 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_NODE_BASE+LAB_NODE_BASE} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 # Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
 # external bridge, and ext, a host outside the cluster on that bridge only.
 LAB_GATEWAYS=${LAB_GATEWAYS:-0}
 LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
 LAB_DYNAMIC_NODES=${LAB_DYNAMIC_NODES:-}
+LAB_NODE_BASE=${LAB_NODE_BASE:-10}     # nodes are .LAB_NODE_BASE, +1, ... of LAB_SUBNET
 GW_NODES="gw1 gw2"
 EXT_NODE=ext
 LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
@@ -139,16 +142,20 @@ parse_subnet() {
     BCAST=$(( NET | (~mask & 0xffffffff) ))
     [ "$(int2ip "$NET")/$PREFIX" = "$1" ] || die "LAB_SUBNET '$1' has host bits set (network is $(int2ip "$NET")/$PREFIX)"
     HOST_IP=$(int2ip $((NET + 1)))
+    if ! [[ $LAB_NODE_BASE =~ ^[0-9]+$ ]] || (( LAB_NODE_BASE < 6 )); then
+        die "LAB_NODE_BASE must be a number >= 6 (.1 is the host, .5 the gateways' address)"
+    fi
     local count
-    count=$(wc -w <<<"$LAB_NODES")
-    # the last node is .(10 + count - 1); it must be below the broadcast address
-    (( NET + 9 + count < BCAST )) || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .10)"
+    count=$(wc -w <<<"$(cluster_nodes)")   # ext is on the external network only
+    # the last node is .(base + count - 1); it must be below the broadcast address
+    (( NET + LAB_NODE_BASE - 1 + count < BCAST )) \
+        || die "LAB_SUBNET $1 is too small for $count nodes (nodes start at .$LAB_NODE_BASE)"
 }
 node_ip() {   # node_ip NAME -> address by position in LAB_NODES (.10, .11, ...); ext: external
     local n i=0
     if is_ext "$1"; then ext_ip "$1"; return; fi
     for n in $LAB_NODES; do
-        [ "$n" = "$1" ] && { int2ip $((NET + 10 + i)); return; }
+        [ "$n" = "$1" ] && { int2ip $((NET + LAB_NODE_BASE + i)); return; }
         i=$((i + 1))
     done
     return 1
@@ -187,9 +194,9 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\n' \
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_NODE_BASE=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
-        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" >"$STATE/lab.env.tmp"
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_NODE_BASE" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
@@ -564,6 +571,11 @@ cmd_up() {
         [[ $explicit == *" LAB_GATEWAYS "* ]] || LAB_GATEWAYS=$(saved_var LAB_GATEWAYS)
         [[ $explicit == *" LAB_EXT_SUBNET "* ]] || LAB_EXT_SUBNET=$(saved_var LAB_EXT_SUBNET)
         [[ $explicit == *" LAB_DYNAMIC_NODES "* ]] || LAB_DYNAMIC_NODES=$(saved_var LAB_DYNAMIC_NODES)
+        saved_base=$(saved_var LAB_NODE_BASE)
+        saved_base=${saved_base:-10}
+        [[ $explicit == *" LAB_NODE_BASE "* ]] || LAB_NODE_BASE=$saved_base
+        [ "$saved_base" = "$LAB_NODE_BASE" ] \
+            || die "lab exists with LAB_NODE_BASE=$saved_base (asked: $LAB_NODE_BASE): run down first"
         LAB_GATEWAYS=${LAB_GATEWAYS:-0}
         LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
