@@ -32,6 +32,8 @@ LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
 LAB_ETCD_NODES=${LAB_ETCD_NODES-__ctl__}  # default: the ctl node (see ctl_node), if any
 LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}       # extra systemd-nspawn options, e.g. --bind=/dev/fuse
+LAB_SLURM=${LAB_SLURM:-trixie}             # sid: the image with Slurm from Debian sid (26.05)
+[[ $LAB_SLURM =~ ^(trixie|sid)$ ]] || { echo "lab.sh: LAB_SLURM must be trixie or sid, got '$LAB_SLURM'" >&2; exit 1; }
 CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
 STATE_ROOT=/var/lib/podnet-lab
 STATE=$STATE_ROOT/$LAB_NAME
@@ -194,10 +196,33 @@ save_config() {
 }
 
 # --- image -------------------------------------------------------------------
-image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
+base_image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
+image_hash() {   # LAB_SLURM=sid: its own image, keyed by the base image and its builder
+    if [ "$LAB_SLURM" = sid ]; then
+        { base_image_hash; cat "$LAB_DIR/build-image-slurm-sid.sh"; } | sha256sum | cut -c1-16
+    else
+        base_image_hash
+    fi
+}
 ensure_image() {   # sets IMAGE_TARBALL
     IMAGE_TARBALL=$CACHE/rootfs-$IMAGE_HASH.tar.zst
     [ -s "$IMAGE_TARBALL" ] && return
+    if [ "$LAB_SLURM" = sid ]; then
+        local sid_hash=$IMAGE_HASH sid_tarball=$IMAGE_TARBALL base_tarball
+        base_tarball=$(IMAGE_HASH=$(base_image_hash) LAB_SLURM=trixie; ensure_image >&2; echo "$IMAGE_TARBALL")
+        IMAGE_HASH=$sid_hash IMAGE_TARBALL=$sid_tarball
+        require_tools zstd flock
+        local t0; t0=$(now_ms)
+        (
+            flock 9
+            if [ ! -s "$IMAGE_TARBALL" ]; then
+                say "building node image $IMAGE_HASH (Slurm from sid, on $base_tarball)"
+                "$LAB_DIR/build-image-slurm-sid.sh" "$base_tarball" "$IMAGE_TARBALL"
+            fi
+        ) 9>"$CACHE/.build.lock"
+        say "image ready in $(elapsed "$t0"): $IMAGE_TARBALL"
+        return
+    fi
     require_tools debootstrap zstd flock
     mkdir -p "$CACHE"
     local t0; t0=$(now_ms)
