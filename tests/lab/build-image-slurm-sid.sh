@@ -71,6 +71,7 @@ rm -f "$root/usr/sbin/policy-rc.d"
 mv -f "$tmp/resolv.conf.image" "$root/etc/resolv.conf"
 systemctl --root="$root" disable slurmd.service slurmctld.service >/dev/null 2>&1 || true
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/log/apt/*
+# shellcheck disable=SC2016  # dpkg-query's own ${field} syntax
 printf 'slurm from sid: %s\n' "$(chroot "$root" dpkg-query -W -f='${Version}' slurmd)" \
     >>"$root/etc/podnet-lab-image"
 tar -C "$root" --numeric-owner --xattrs --xattrs-include='*' --acls -cf - . \

@@ -19,7 +19,7 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_SLURM+LAB_SLURM} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 # Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
 # external bridge, and ext, a host outside the cluster on that bridge only.
@@ -189,9 +189,9 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\n' \
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_SLURM=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
-        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" >"$STATE/lab.env.tmp"
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_SLURM" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
@@ -208,8 +208,11 @@ ensure_image() {   # sets IMAGE_TARBALL
     IMAGE_TARBALL=$CACHE/rootfs-$IMAGE_HASH.tar.zst
     [ -s "$IMAGE_TARBALL" ] && return
     if [ "$LAB_SLURM" = sid ]; then
+        # the default image first (this one is built on it)
         local sid_hash=$IMAGE_HASH sid_tarball=$IMAGE_TARBALL base_tarball
-        base_tarball=$(IMAGE_HASH=$(base_image_hash) LAB_SLURM=trixie; ensure_image >&2; echo "$IMAGE_TARBALL")
+        IMAGE_HASH=$(base_image_hash)
+        LAB_SLURM=trixie ensure_image
+        base_tarball=$IMAGE_TARBALL
         IMAGE_HASH=$sid_hash IMAGE_TARBALL=$sid_tarball
         require_tools zstd flock
         local t0; t0=$(now_ms)
@@ -501,6 +504,7 @@ write_inventory() {
         echo "        ansible_ssh_common_args: -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR"
         echo "        ansible_python_interpreter: /usr/bin/python3"
         echo "        podnet_lab_name: $LAB_NAME"
+        echo "        podnet_lab_slurm: $LAB_SLURM"
         echo "        podnet_pki_dir: $STATE/pki"
         if [ "$LAB_GATEWAYS" = 1 ]; then
             echo "        podnet_lab_gateway_internal_vip: $(int_vip)"
@@ -589,8 +593,10 @@ cmd_up() {
         [[ $explicit == *" LAB_GATEWAYS "* ]] || LAB_GATEWAYS=$(saved_var LAB_GATEWAYS)
         [[ $explicit == *" LAB_EXT_SUBNET "* ]] || LAB_EXT_SUBNET=$(saved_var LAB_EXT_SUBNET)
         [[ $explicit == *" LAB_DYNAMIC_NODES "* ]] || LAB_DYNAMIC_NODES=$(saved_var LAB_DYNAMIC_NODES)
+        [[ $explicit == *" LAB_SLURM "* ]] || LAB_SLURM=$(saved_var LAB_SLURM)
         LAB_GATEWAYS=${LAB_GATEWAYS:-0}
         LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
+        LAB_SLURM=${LAB_SLURM:-trixie}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
         validate
