@@ -5,7 +5,7 @@ PID namespace, made by Slurm, is the pod's (docs/agent.md "PID namespace").
 Runs only on a lab whose Slurm runs namespace/linux with a PID namespace per job: the
 LAB_SLURM=sid lab (Slurm 26.05) configured as docs/lab.md "Slurm from sid" says, e.g.
 
-    PODNET_E2E_LAB=pns26 pytest tests/e2e/test_slurm_namespace.py
+    PODNET_E2E_LAB=pns26 .venv/bin/python -m pytest -q tests/e2e/test_slurm_namespace.py
 
 Checks: every step's tasks on a node (batch script and srun steps) and an SSH session
 adopted into the job (pam_podnet) share one PID namespace, whose PID 1 is Slurm's
