@@ -15,6 +15,7 @@ pod's network namespace; `ps -e` shows the job only; no step fails.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterator
 
@@ -110,6 +111,36 @@ def test_two_steps_and_an_ssh_session_share_one_pid_namespace(jobs: dict[str, in
     else:
         assert "sleep 701" in args and f"[{jobs['a2']}:namespace]" in args[0], out
     assert "sleep 702" not in args, out
+
+
+def test_scancel_signal_reaches_the_task() -> None:
+    """scancel --signal=USR1 reaches a task in the job's namespace; srun gets its exit code.
+    Output goes to /var/tmp: namespace/linux gives the job a private /tmp."""
+    script = (
+        "#!/bin/sh\n"
+        'srun -N1 -n1 sh -c \'trap "echo got-usr1; exit 7" USR1; '
+        "echo ready; while :; do sleep 1; done'\n"
+        "echo srun-rc=$?\n"
+    )
+    b64 = base64.b64encode(script.encode()).decode()
+    ssh("login", f"echo {b64} | base64 -d >/var/tmp/ns-usr1.sh && chmod 0755 /var/tmp/ns-usr1.sh")
+    out = ssh(
+        "login",
+        "cd /var/tmp && runuser -u alice -- sbatch --parsable -J nsusr1 -w c1 -N1 "
+        "-o /var/tmp/ns-usr1-%j.out /var/tmp/ns-usr1.sh",
+    ).stdout
+    job = int(re.findall(r"\d+", out)[0])
+
+    def output() -> str:
+        return str(ssh("c1", f"cat /var/tmp/ns-usr1-{job}.out", check=False).stdout)
+
+    try:
+        wait_for(lambda: "ready" in output(), 90)
+        ssh("login", f"scancel --signal=USR1 {job}.0")
+        text = wait_for(lambda: "srun-rc=" in (o := output()) and o, 60)
+        assert "got-usr1" in text and "srun-rc=7" in text, text
+    finally:
+        scancel(job)
 
 
 def test_exit_codes_come_through() -> None:
