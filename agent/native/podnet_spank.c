@@ -651,6 +651,26 @@ static int in_pod_pidns(void)
 	return stat("/proc/self/ns/pid", &st) == 0 && st.st_ino == pidns_ino;
 }
 
+/*
+ * Is this slurmstepd inside the job's namespaces of Slurm's namespace/linux?
+ * There /proc is the job's: PID 1 is "slurmstepd: [<job>:namespace]".
+ */
+static int in_slurm_job_ns(void)
+{
+	char buf[128] = "";
+	ssize_t n;
+	int fd = open("/proc/1/cmdline", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	return !strncmp(buf, "slurmstepd: [", 13) && strstr(buf, ":namespace]");
+}
+
 /* Puts the calling thread (slurmstepd's main thread) into the pod. */
 static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
 {
@@ -719,16 +739,22 @@ static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
 
 	fd = pn_open_netns(netns, why, sizeof(why));
 	if (fd < 0) {
-		set_pending("podnet: cannot join the job's network pod: %s",
-			    why);
+		set_pending("podnet: cannot join the job's network pod: %s%s",
+			    why, in_slurm_job_ns() ?
+			    " (Slurm's namespace/linux: namespace.yaml needs "
+			    "shared: true)" : "");
 		return;
 	}
 	if (fstat(fd, &st) < 0 || setns(fd, CLONE_NEWNET) < 0) {
+		int err = errno;
+
 		snprintf(why, sizeof(why), "setns(%s): %s", netns,
-			 strerror(errno));
+			 strerror(err));
 		close(fd);
-		set_pending("podnet: cannot join the job's network pod: %s",
-			    why);
+		set_pending("podnet: cannot join the job's network pod: %s%s",
+			    why, err == EPERM && in_slurm_job_ns() ?
+			    " (Slurm's namespace/linux: CLONE_NEWUSER is not "
+			    "supported)" : "");
 		return;
 	}
 	close(fd);
