@@ -85,14 +85,59 @@ static int run_init(const char *procdir, int ready)
 	}
 }
 
+/*
+ * podnet-init --join PID PROCDIR: mounts a proc of the PID namespace whose init
+ * is PID (Slurm's namespace/linux job namespace, which podnetd adopts as the
+ * pod's) on PROCDIR, in the caller's mount namespace. A proc shows the PID
+ * namespace of the process mounting it: a child forked after setns does it.
+ */
+static int join_mount_proc(const char *pid, const char *procdir)
+{
+	char path[64];
+	int fd, st;
+	pid_t child;
+
+	if (!pid[0] || strspn(pid, "0123456789") != strlen(pid) ||
+	    strlen(pid) > 10) {
+		fprintf(stderr, "podnet-init: --join: not a PID: %s\n", pid);
+		return 2;
+	}
+	snprintf(path, sizeof(path), "/proc/%s/ns/pid", pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || setns(fd, CLONE_NEWPID) < 0) {
+		fprintf(stderr, "podnet-init: %s: %s\n", path, strerror(errno));
+		return 1;
+	}
+	close(fd);
+	child = fork();
+	if (child < 0) {
+		fprintf(stderr, "podnet-init: fork: %s\n", strerror(errno));
+		return 1;
+	}
+	if (child == 0) {
+		if (mount("proc", procdir, "proc",
+			  MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0) {
+			fprintf(stderr, "podnet-init: mount proc on %s: %s\n",
+				procdir, strerror(errno));
+			_exit(1);
+		}
+		_exit(0);
+	}
+	if (waitpid(child, &st, 0) < 0)
+		return 1;
+	return WIFEXITED(st) ? WEXITSTATUS(st) : 1;
+}
+
 int main(int argc, char **argv)
 {
 	pid_t pid;
 	int pipefd[2];
 	char ok = 0;
 
+	if (argc == 4 && !strcmp(argv[1], "--join") && argv[3][0])
+		return join_mount_proc(argv[2], argv[3]);
 	if (argc < 2 || argc > 3 || !argv[1][0] || (argc == 3 && !argv[2][0])) {
-		fprintf(stderr, "usage: podnet-init NAME [PROCDIR]\n");
+		fprintf(stderr, "usage: podnet-init NAME [PROCDIR] | --join PID PROCDIR\n");
 		return 2;
 	}
 	if (pipe2(pipefd, O_CLOEXEC) < 0) {

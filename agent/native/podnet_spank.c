@@ -97,6 +97,7 @@ static int pidns_fd = -1;        /* the pod's PID namespace (none: -1) */
 static int host_pidns_fd = -1;   /* slurmstepd's own, to return to */
 static ino_t pidns_ino;
 static int pid_moved;            /* tasks fork into the pod's PID namespace */
+static int pid_native;           /* slurmstepd is in it already (namespace/linux) */
 static char user_image[PATH_MAX]; /* --podnet-image ("none": no image) */
 
 static int opt_cb(int val, const char *optarg, int remote);
@@ -307,11 +308,21 @@ static int job_up(spank_t sp, uint32_t job_id, uid_t uid, int node_index,
 	uint32_t k;
 
 	(void) sp;
-	if (slurm_load_job(&info, job_id, SHOW_DETAIL) != 0 || !info) {
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(26, 5, 0)
+	/* 26.05: slurm_load_job takes a step id (job_id set, the rest NO_VAL) */
+	slurm_step_id_t sid = SLURM_STEP_ID_INITIALIZER;
+
+	sid.job_id = job_id;
+	rc = slurm_load_job(&info, sid, SHOW_DETAIL);
+#else
+	rc = slurm_load_job(&info, job_id, SHOW_DETAIL);
+#endif
+	if (rc != 0 || !info) {
 		snprintf(msg, msgsz, "cannot read job %u from slurmctld: %s",
 			 job_id, slurm_strerror(errno));
 		return -1;
 	}
+	rc = -1;
 	for (k = 0; k < info->record_count; k++)
 		if (info->job_array[k].job_id == job_id)
 			job = &info->job_array[k];
@@ -453,6 +464,97 @@ static void opt_out_clear(uint32_t job_id)
 	(void) unlink(p);
 }
 
+/*
+ * Slurm's namespace/linux (>= 25.11, clone_ns_flags CLONE_NEWPID) gives the
+ * job a PID namespace before the extern step's SPANK callbacks run: its PID 1,
+ * "slurmstepd: [<job>:namespace]", is a child of this slurmstepd, and slurmd
+ * starts every other step's slurmstepd inside it. Returns that child's PID (0:
+ * none, the site does not run it).
+ */
+static pid_t slurm_job_pidns_init(void)
+{
+	char path[64], line[256], self_ns[64] = "", ns[64];
+	FILE *f;
+	long pid;
+	ssize_t n;
+
+	n = readlink("/proc/self/ns/pid", self_ns, sizeof(self_ns) - 1);
+	if (n <= 0)
+		return 0;
+	self_ns[n] = '\0';
+	snprintf(path, sizeof(path), "/proc/%d/task/%d/children", (int) getpid(),
+		 (int) getpid());
+	f = fopen(path, "re");
+	if (!f)
+		return 0;
+	while (fscanf(f, "%ld", &pid) == 1) {
+		FILE *st;
+		int init = 0;
+
+		snprintf(path, sizeof(path), "/proc/%ld/ns/pid", pid);
+		n = readlink(path, ns, sizeof(ns) - 1);
+		if (n <= 0)
+			continue;
+		ns[n] = '\0';
+		if (!strcmp(ns, self_ns))
+			continue;
+		snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+		st = fopen(path, "re");
+		if (!st)
+			continue;
+		while (fgets(line, sizeof(line), st)) {
+			size_t l;
+
+			if (strncmp(line, "NSpid:", 6) != 0)
+				continue;
+			l = strlen(line);
+			while (l && (line[l - 1] == '\n' || line[l - 1] == ' '))
+				line[--l] = '\0';
+			/* the last field is its PID in its own namespace */
+			init = l >= 2 && line[l - 1] == '1' &&
+			       (line[l - 2] == '\t' || line[l - 2] == ' ');
+			break;
+		}
+		fclose(st);
+		if (init) {
+			fclose(f);
+			return (pid_t) pid;
+		}
+	}
+	fclose(f);
+	return 0;
+}
+
+/* The pod's PID namespace becomes the job's own (Slurm's): podnetd pins it. */
+static void adopt_slurm_pidns(uint32_t job_id)
+{
+	char buf[256], msg[600] = "";
+	pn_reply_t rep;
+	pn_req_t r;
+	pid_t pid = slurm_job_pidns_init();
+	long len;
+	int rc;
+
+	if (pid <= 0)
+		return;
+	pn_req_begin(&r, buf, sizeof(buf), "job_pidns");
+	pn_req_int(&r, "job_id", job_id);
+	pn_req_int(&r, "pid", pid);
+	len = pn_req_end(&r);
+	if (len < 0)
+		return;
+	rc = call_until(buf, (size_t) len, &rep,
+			mono_ms() + cfg.timeout_s * 1000LL, msg, sizeof(msg));
+	if (rc == PN_CALL_OK && rep.ok)
+		slurm_info("podnet: job %u: the pod's PID namespace is the "
+			   "job's (Slurm namespace/linux, PID 1 is %d)",
+			   job_id, (int) pid);
+	else
+		slurm_error("podnet: job %u: cannot adopt Slurm's PID namespace "
+			    "of the job (PID 1 is %d): %s", job_id, (int) pid,
+			    rc == PN_CALL_OK ? rep.err_msg : msg);
+}
+
 static void extern_step_up(spank_t sp, uint32_t job_id)
 {
 	uint32_t nodeid = 0;
@@ -477,6 +579,7 @@ static void extern_step_up(spank_t sp, uint32_t job_id)
 	if (rc == 0) {
 		slurm_info("podnet: job %u: pod %s (%s) ready in %lld ms",
 			   job_id, rep.pod_name, rep.pod_ip, mono_ms() - t0);
+		adopt_slurm_pidns(job_id);
 	} else {
 		/*
 		 * Do not fail the extern step: Slurm then requeues the job and
@@ -501,6 +604,8 @@ static void set_pending(const char *fmt, ...)
 	va_end(ap);
 }
 
+static int in_pod_pidns(void);
+
 /*
  * The pod's PID namespace, for user_init to fork the tasks into. setns() of a
  * PID namespace changes only where the caller's future children go, and a
@@ -523,6 +628,13 @@ static void open_pidns(void)
 		return;
 	}
 	pidns_ino = st.st_ino;
+	if (in_pod_pidns()) {
+		/* Slurm's namespace/linux started this slurmstepd in the
+		 * job's PID namespace, which podnetd adopted as the pod's:
+		 * the tasks are born in it, nothing to move */
+		pid_native = 1;
+		return;
+	}
 	host_pidns_fd = open("/proc/self/ns/pid", O_RDONLY | O_CLOEXEC);
 	if (host_pidns_fd < 0) {
 		set_pending("podnet: /proc/self/ns/pid: %s", strerror(errno));
@@ -537,6 +649,26 @@ static int in_pod_pidns(void)
 	struct stat st;
 
 	return stat("/proc/self/ns/pid", &st) == 0 && st.st_ino == pidns_ino;
+}
+
+/*
+ * Is this slurmstepd inside the job's namespaces of Slurm's namespace/linux?
+ * There /proc is the job's: PID 1 is "slurmstepd: [<job>:namespace]".
+ */
+static int in_slurm_job_ns(void)
+{
+	char buf[128] = "";
+	ssize_t n;
+	int fd = open("/proc/1/cmdline", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	return !strncmp(buf, "slurmstepd: [", 13) && strstr(buf, ":namespace]");
 }
 
 /* Puts the calling thread (slurmstepd's main thread) into the pod. */
@@ -607,16 +739,22 @@ static void step_join(spank_t sp, uint32_t job_id, uint32_t step_id)
 
 	fd = pn_open_netns(netns, why, sizeof(why));
 	if (fd < 0) {
-		set_pending("podnet: cannot join the job's network pod: %s",
-			    why);
+		set_pending("podnet: cannot join the job's network pod: %s%s",
+			    why, in_slurm_job_ns() ?
+			    " (Slurm's namespace/linux: namespace.yaml needs "
+			    "shared: true)" : "");
 		return;
 	}
 	if (fstat(fd, &st) < 0 || setns(fd, CLONE_NEWNET) < 0) {
+		int err = errno;
+
 		snprintf(why, sizeof(why), "setns(%s): %s", netns,
-			 strerror(errno));
+			 strerror(err));
 		close(fd);
-		set_pending("podnet: cannot join the job's network pod: %s",
-			    why);
+		set_pending("podnet: cannot join the job's network pod: %s%s",
+			    why, err == EPERM && in_slurm_job_ns() ?
+			    " (Slurm's namespace/linux: CLONE_NEWUSER is not "
+			    "supported)" : "");
 		return;
 	}
 	close(fd);
@@ -708,8 +846,10 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 		return cfg.policy == POLICY_WARN ? 0 : -1;
 	}
 	if (pidns_fd >= 0 && !in_pod_pidns()) {
-		slurm_error("podnet: task is not in the PID namespace of pod %s",
-			    pod_name);
+		slurm_error("podnet: task is not in the PID namespace of pod %s%s",
+			    pod_name, pid_native ? "" :
+			    " (Slurm's namespace/linux without podnet's extern "
+			    "step adopting it? see docs/agent.md)");
 		return cfg.policy == POLICY_WARN ? 0 : -1;
 	}
 	if (joined) {
@@ -803,7 +943,8 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	(void) sp;
 	(void) ac;
 	(void) av;
-	if (spank_context() != S_CTX_REMOTE || pidns_fd < 0 || pid_moved)
+	if (spank_context() != S_CTX_REMOTE || pidns_fd < 0 || pid_moved ||
+	    pid_native)
 		return 0;
 	if (euid != 0 && seteuid(0) < 0) {
 		set_pending("podnet: cannot enter the pod's PID namespace: "

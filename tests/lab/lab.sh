@@ -21,7 +21,7 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_NODE_BASE+LAB_NODE_BASE} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_NODE_BASE+LAB_NODE_BASE} ${LAB_SLURM+LAB_SLURM} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 # Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
 # external bridge, and ext, a host outside the cluster on that bridge only.
@@ -35,6 +35,8 @@ LAB_SUBNET=${LAB_SUBNET:-198.51.100.0/26}
 LAB_ETCD_NODES=${LAB_ETCD_NODES-__ctl__}  # default: the ctl node (see ctl_node), if any
 LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS check)
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}       # extra systemd-nspawn options, e.g. --bind=/dev/fuse
+LAB_SLURM=${LAB_SLURM:-trixie}             # sid: the image with Slurm from Debian sid (26.05)
+[[ $LAB_SLURM =~ ^(trixie|sid)$ ]] || { echo "lab.sh: LAB_SLURM must be trixie or sid, got '$LAB_SLURM'" >&2; exit 1; }
 CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
 STATE_ROOT=/var/lib/podnet-lab
 STATE=$STATE_ROOT/$LAB_NAME
@@ -194,17 +196,43 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_NODE_BASE=%q\n' \
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_NODE_BASE=%q\nLAB_SLURM=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
-        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_NODE_BASE" >"$STATE/lab.env.tmp"
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_NODE_BASE" "$LAB_SLURM" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
 # --- image -------------------------------------------------------------------
-image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
+base_image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
+image_hash() {   # LAB_SLURM=sid: its own image, keyed by the base image and its builder
+    if [ "$LAB_SLURM" = sid ]; then
+        { base_image_hash; cat "$LAB_DIR/build-image-slurm-sid.sh"; } | sha256sum | cut -c1-16
+    else
+        base_image_hash
+    fi
+}
 ensure_image() {   # sets IMAGE_TARBALL
     IMAGE_TARBALL=$CACHE/rootfs-$IMAGE_HASH.tar.zst
     [ -s "$IMAGE_TARBALL" ] && return
+    if [ "$LAB_SLURM" = sid ]; then
+        # the default image first (this one is built on it)
+        local sid_hash=$IMAGE_HASH sid_tarball=$IMAGE_TARBALL base_tarball
+        IMAGE_HASH=$(base_image_hash)
+        LAB_SLURM=trixie ensure_image
+        base_tarball=$IMAGE_TARBALL
+        IMAGE_HASH=$sid_hash IMAGE_TARBALL=$sid_tarball
+        require_tools zstd flock
+        local t0; t0=$(now_ms)
+        (
+            flock 9
+            if [ ! -s "$IMAGE_TARBALL" ]; then
+                say "building node image $IMAGE_HASH (Slurm from sid, on $base_tarball)"
+                "$LAB_DIR/build-image-slurm-sid.sh" "$base_tarball" "$IMAGE_TARBALL"
+            fi
+        ) 9>"$CACHE/.build.lock"
+        say "image ready in $(elapsed "$t0"): $IMAGE_TARBALL"
+        return
+    fi
     require_tools debootstrap zstd flock
     mkdir -p "$CACHE"
     local t0; t0=$(now_ms)
@@ -483,6 +511,7 @@ write_inventory() {
         echo "        ansible_ssh_common_args: -o UserKnownHostsFile=/dev/null -o StrictHostKeyChecking=no -o LogLevel=ERROR"
         echo "        ansible_python_interpreter: /usr/bin/python3"
         echo "        podnet_lab_name: $LAB_NAME"
+        echo "        podnet_lab_slurm: $LAB_SLURM"
         echo "        podnet_pki_dir: $STATE/pki"
         if [ "$LAB_GATEWAYS" = 1 ]; then
             echo "        podnet_lab_gateway_internal_vip: $(int_vip)"
@@ -576,8 +605,10 @@ cmd_up() {
         [[ $explicit == *" LAB_NODE_BASE "* ]] || LAB_NODE_BASE=$saved_base
         [ "$saved_base" = "$LAB_NODE_BASE" ] \
             || die "lab exists with LAB_NODE_BASE=$saved_base (asked: $LAB_NODE_BASE): run down first"
+        [[ $explicit == *" LAB_SLURM "* ]] || LAB_SLURM=$(saved_var LAB_SLURM)
         LAB_GATEWAYS=${LAB_GATEWAYS:-0}
         LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
+        LAB_SLURM=${LAB_SLURM:-trixie}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
         validate

@@ -42,7 +42,7 @@ from podnet.ipam import Ipam
 from podnet.metrics import Histogram
 from podnet.names import Keys, job_netns, login_netns
 from podnet.node_lease import NodeLease
-from podnet.pidns import PidNamespaces
+from podnet.pidns import PidNamespaces, PidnsError
 from podnet.pods import Pod, PodnetError, PodTable, PodWiring, job_search
 from podnet.reconcile import Reconciler
 from podnet.sessions import LoginSessions
@@ -240,6 +240,18 @@ class Agent:
             with r.nets.lock(pod.uid):
                 r.nets.release(pod.vni, pod.uid)
         return existed or pod is not None
+
+    def job_pidns(self, job_id: int, pid: int) -> bool:
+        """Adopt Slurm's PID namespace of the job (PID 1 `pid`) as its pod's (pidns.py)."""
+        name = job_netns(job_id)
+        self.job_get(job_id)
+        pidns = self.rooms.dp.pidns
+        if pidns is None:
+            return False
+        try:
+            return pidns.adopt(name, pid)
+        except PidnsError as e:
+            raise PodnetError("EINVAL", f"job {job_id}: {e.strerror or e}") from None
 
     def job_get(self, job_id: int) -> Pod:
         pod = self.pods.get(job_netns(job_id))

@@ -10,6 +10,11 @@ time in `<dir>/<pod>.init`, so a
 restarted podnetd still finds the init and never signals a recycled PID. Removing the
 pod kills the init: the kernel then kills every process left in the namespace. The
 init outlives podnetd restarts (the unit has KillMode=process).
+
+Where Slurm's namespace/linux plugin (Slurm >= 25.11, `clone_ns_flags: [CLONE_NEWPID]`)
+gives the job its own PID namespace, the SPANK plugin tells podnetd its PID 1 (`job_pidns`)
+and `adopt` makes that namespace the pod's: the same pin and proc, no podnet-init (Slurm's
+`slurmstepd: [<job>.namespace]` is PID 1 and lives as long as the job).
 """
 
 from __future__ import annotations
@@ -98,6 +103,54 @@ class PidNamespaces:
             self.remove(name)
             raise
         return pid
+
+    def adopt(self, name: str, pid: int) -> bool:
+        """Make the PID namespace whose PID 1 is `pid` (Slurm's namespace/linux) the pod's.
+
+        Replaces the pod's own namespace (its podnet-init is killed: nothing runs there
+        yet, the steps come after the extern step) and mounts a proc of the adopted one
+        (podnet-init --join). False: nothing to do (already adopted, or PID namespaces are
+        off). Raises PidnsError when `pid` is not the init of a PID namespace of its own.
+        """
+        if not self.enabled():
+            return False
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+            target = Path(f"/proc/{pid}/ns/pid").stat()
+        except OSError as e:
+            raise PidnsError(0, f"process {pid}: {e.strerror}") from None
+        nspid = next((ln.split()[1:] for ln in status.splitlines() if ln.startswith("NSpid:")), [])
+        own = Path("/proc/self/ns/pid").stat()
+        same = (target.st_dev, target.st_ino) == (own.st_dev, own.st_ino)
+        if len(nspid) < 2 or nspid[-1] != "1" or same:
+            raise PidnsError(0, f"process {pid} is not PID 1 of a PID namespace of its own")
+        path = self.path(name)
+        with contextlib.suppress(OSError):
+            cur = path.stat()
+            if (cur.st_dev, cur.st_ino) == (target.st_dev, target.st_ino):
+                return False
+        self.remove(name)
+        self.dir.mkdir(mode=0o755, parents=True, exist_ok=True)
+        procdir = self.dir / f"{name}.proc"
+        procdir.mkdir(mode=0o555, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC, 0o444)
+            os.close(fd)
+            netns.mount_bind(f"/proc/{pid}/ns/pid", str(path))
+            out = subprocess.run(
+                [self.init, "--join", str(pid), str(procdir)],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
+            if out.returncode != 0:
+                raise PidnsError(0, f"{self.init} --join: {out.stderr.strip()}")
+        except BaseException:
+            self.remove(name)
+            raise
+        log.info("pod %s: PID namespace of process %d adopted (Slurm's namespace/linux)", name, pid)
+        return True
 
     def init_pid(self, name: str) -> int | None:
         """The pod's init if it still runs (PID and start time as recorded)."""

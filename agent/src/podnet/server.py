@@ -100,6 +100,7 @@ class Handler:
             "job_up": self.job_up,
             "job_down": self.job_down,
             "job_get": self.job_get,
+            "job_pidns": self.job_pidns,
             "login_acquire": self.login_acquire,
             "login_release": self.login_release,
             "join": self.join,
@@ -170,6 +171,13 @@ class Handler:
         self._root(peer)
         job_id = _int(req, "job_id", 1)
         return {"released": self.agent.job_down(job_id)}
+
+    def job_pidns(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """The job's PID namespace is Slurm's (namespace/linux): `pid` is its PID 1."""
+        self._root(peer)
+        job_id = _int(req, "job_id", 1)
+        pid = _int(req, "pid", 2, 2**22)
+        return {"adopted": self.agent.job_pidns(job_id, pid)}
 
     def job_get(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job_id = _int(req, "job_id", 1)

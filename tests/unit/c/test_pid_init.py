@@ -117,3 +117,37 @@ def test_a_recycled_pid_is_not_signalled(pidns: PidNamespaces, tmp_path: Path) -
 def test_disabled_without_an_init(tmp_path: Path) -> None:
     assert PidNamespaces(str(tmp_path), "").create("pn-t4") is None
     assert PidNamespaces(str(tmp_path), str(tmp_path / "missing")).create("pn-t4") is None
+
+
+def test_adopt_makes_a_foreign_pid_namespace_the_pods(pidns: PidNamespaces) -> None:
+    """Slurm's namespace/linux: the job's PID namespace (its PID 1 not ours) becomes the
+    pod's: pinned, its proc mounted (podnet-init --join), the pod's own init gone, and
+    removing the pod does not kill the foreign PID 1 (Slurm ends it with the job)."""
+    own = pidns.create("pn-t5")
+    assert own is not None
+    foreign = subprocess.Popen(["unshare", "--pid", "--fork", "--kill-child", "sleep", "4747"])
+    try:
+        end = time.monotonic() + 10
+        kids: list[int] = []
+        children = Path(f"/proc/{foreign.pid}/task/{foreign.pid}/children")
+        while not kids and time.monotonic() < end:
+            kids = [int(k) for k in children.read_text().split()]
+            time.sleep(0.05)
+        assert kids, "unshare did not fork"
+        ns1 = kids[0]
+        assert nspid(ns1)[-1] == 1
+        # not PID 1 of a namespace: refused
+        with pytest.raises(OSError, match="not PID 1"):
+            pidns.adopt("pn-t5", foreign.pid)
+        assert pidns.adopt("pn-t5", ns1)
+        assert wait_gone(own)  # the pod's own init is not needed any more
+        assert os.stat(pidns.path("pn-t5")).st_ino == os.stat(f"/proc/{ns1}/ns/pid").st_ino
+        assert Path(pidns.dir / "pn-t5.proc" / "1" / "comm").read_text().strip() == "sleep"
+        assert not pidns.adopt("pn-t5", ns1)  # idempotent
+        assert pidns.init_pid("pn-t5") is None
+        pidns.remove("pn-t5")
+        assert not pidns.path("pn-t5").exists() and not (pidns.dir / "pn-t5.proc").exists()
+        assert foreign.poll() is None and Path(f"/proc/{ns1}").exists()
+    finally:
+        foreign.kill()
+        foreign.wait()

@@ -170,6 +170,10 @@ class FakeAgent:
         self.calls.append(("job_up", *a))
         return FakePod(a[2])
 
+    def job_pidns(self, job_id: int, pid: int) -> bool:
+        self.calls.append(("job_pidns", job_id, pid))
+        return True
+
     def job_get(self, job_id: int) -> FakePod:
         if job_id == 404:
             raise PodnetError("ENOENT", "no such job")
@@ -205,6 +209,16 @@ def test_only_root_creates_job_pods() -> None:
     assert code(ask(a, ROOT, **{**up, "user": "../x"}, node_index=0)) == "EINVAL"
     assert code(ask(a, ROOT, **{**up, "uid": True}, node_index=0)) == "EINVAL"
     assert [c[0] for c in a.calls] == ["job_up"]
+
+
+def test_only_root_hands_over_slurms_pid_namespace() -> None:
+    """job_pidns (Slurm's namespace/linux): root only, a job id and a PID."""
+    a = FakeAgent()
+    assert code(ask(a, ALICE, op="job_pidns", job_id=5, pid=4242)) == "EPERM"
+    assert code(ask(a, ROOT, op="job_pidns", job_id=5, pid=1)) == "EINVAL"
+    assert code(ask(a, ROOT, op="job_pidns", job_id=5)) == "EINVAL"
+    assert ask(a, ROOT, op="job_pidns", job_id=5, pid=4242)["adopted"] is True
+    assert a.calls == [("job_pidns", 5, 4242)]
 
 
 def test_users_see_and_join_only_their_own() -> None:
