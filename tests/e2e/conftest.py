@@ -130,8 +130,12 @@ def in_pod(
 
 @pytest.fixture(scope="session")
 def jobs() -> Iterator[dict[str, int]]:
-    """alice and bob each run a 2-node job for the whole session."""
-    j = {"alice": sbatch("alice", "e2ea"), "bob": sbatch("bob", "e2eb")}
+    """alice and bob each run a 2-node job for the whole session (cancelled at its end; the
+    session takes more than 10 min on a busy machine, so the jobs must outlast any default)."""
+    j = {
+        "alice": sbatch("alice", "e2ea", script="sleep 7200"),
+        "bob": sbatch("bob", "e2eb", script="sleep 7200"),
+    }
     try:
         yield j
     finally:
