@@ -180,8 +180,8 @@ suite-day2:
 # by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
 # one after the other, then the coredns scenario, beside the etcd scenario; then the
 # molecule lab followed by the apptainer scenario beside the day-2 lab (the two sides of a
-# stage take about as long: 2026-11-26 rehearsal, etcd scenario ~20 min, quick checks
-# ~15 + coredns ~3.5; molecule lab ~35 + apptainer ~2, day-2 ~35). The suite-* targets
+# stage take about as long: 2026-11-26 rehearsal, 52 min in all: etcd scenario 14 min,
+# quick checks 12 + coredns 3.5; molecule lab ~35 + apptainer 1, day-2 ~35). The suite-* targets
 # have no prerequisites (built here first, never twice at once); each side runs all its
 # parts and fails if one failed.
 test: deps artifacts collection-tarball
