@@ -7,6 +7,7 @@ these tests against its own lab (pnmol) in its verify step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -115,6 +116,20 @@ def scancel(job: int) -> None:
     )
 
 
+@contextlib.contextmanager
+def running_jobs(**specs: tuple[str, ...]) -> Iterator[dict[str, int]]:
+    """Start one job per key (`sbatch`'s arguments: user, name[, nodes[, script]]) and cancel
+    every job started, at the end or when a later one fails to start."""
+    started: dict[str, int] = {}
+    try:
+        for key, args in specs.items():
+            started[key] = sbatch(*args)
+        yield started
+    finally:
+        for job in started.values():
+            scancel(job)
+
+
 def pod_of(node: str, job: int) -> dict[str, Any]:
     return next(p for p in pods(node) if p.get("job_id") == job)
 
@@ -132,15 +147,10 @@ def in_pod(
 def jobs() -> Iterator[dict[str, int]]:
     """alice and bob each run a 2-node job for the whole session (cancelled at its end; the
     session takes more than 10 min on a busy machine, so the jobs must outlast any default)."""
-    j = {
-        "alice": sbatch("alice", "e2ea", script="sleep 7200"),
-        "bob": sbatch("bob", "e2eb", script="sleep 7200"),
-    }
-    try:
+    with running_jobs(
+        alice=("alice", "e2ea", "c1,c2", "sleep 7200"), bob=("bob", "e2eb", "c1,c2", "sleep 7200")
+    ) as j:
         yield j
-    finally:
-        for job in j.values():
-            scancel(job)
 
 
 def etcdctl(args: str) -> str:

@@ -21,7 +21,18 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import CLUSTER, LAB, REPO, etcdctl, in_pod, lab_inventory, pod_of, sbatch, scancel
+from conftest import (
+    CLUSTER,
+    LAB,
+    REPO,
+    etcdctl,
+    in_pod,
+    lab_inventory,
+    pod_of,
+    running_jobs,
+    sbatch,
+    scancel,
+)
 from conftest import ssh as _ssh
 
 STATE = Path(f"/var/lib/podnet-lab/{LAB}")
@@ -137,12 +148,8 @@ def ext_servers() -> Iterator[None]:
 @pytest.fixture(scope="module")
 def gjobs(ext_servers: None) -> Iterator[dict[str, int]]:
     del ext_servers
-    j = {"alice": sbatch("alice", "gwa"), "bob": sbatch("bob", "gwb")}
-    try:
+    with running_jobs(alice=("alice", "gwa"), bob=("bob", "gwb")) as j:
         yield j
-    finally:
-        for job in j.values():
-            scancel(job)
 
 
 def connect(node: str, job: int, user: str, host: str, port: int, timeout: float = 3) -> str:

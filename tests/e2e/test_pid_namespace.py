@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import pods, sbatch, scancel, ssh, wait_for
+from conftest import pods, running_jobs, sbatch, scancel, ssh, wait_for
 
 if re.search(
     r"^NamespaceType\s*=\s*namespace/linux",
@@ -49,16 +49,12 @@ def ps(job: int) -> list[tuple[int, str, str]]:
 
 @pytest.fixture(scope="module")
 def two_jobs() -> Iterator[dict[str, int]]:
-    j = {
-        "a1": sbatch("alice", "pida1", nodes="c1,c2", script="sleep 600"),
-        "a2": sbatch("alice", "pida2", nodes="c1", script="sleep 601"),
-        "b": sbatch("bob", "pidb", nodes="c1", script="sleep 602"),
-    }
-    try:
+    with running_jobs(
+        a1=("alice", "pida1", "c1,c2", "sleep 600"),
+        a2=("alice", "pida2", "c1", "sleep 601"),
+        b=("bob", "pidb", "c1", "sleep 602"),
+    ) as j:
         yield j
-    finally:
-        for job in j.values():
-            scancel(job)
 
 
 def test_a_step_sees_only_its_job_and_pid_1_is_the_pod_init(two_jobs: dict[str, int]) -> None:

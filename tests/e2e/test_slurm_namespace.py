@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from conftest import pod_of, sbatch, scancel, ssh, wait_for
+from conftest import pod_of, running_jobs, sbatch, scancel, ssh, wait_for
 
 _conf = ssh("login", "scontrol show config", check=False).stdout
 if not re.search(r"^NamespaceType\s*=\s*namespace/linux", _conf, re.M):
@@ -50,16 +50,12 @@ def rows(out: str) -> list[tuple[int, str]]:
 
 @pytest.fixture(scope="module")
 def jobs() -> Iterator[dict[str, int]]:
-    j = {
-        "a1": sbatch("alice", "nsa1", nodes="c1,c2", script="sleep 700"),
-        "a2": sbatch("alice", "nsa2", nodes="c1", script="sleep 701"),
-        "b": sbatch("bob", "nsb", nodes="c1", script="sleep 702"),
-    }
-    try:
+    with running_jobs(
+        a1=("alice", "nsa1", "c1,c2", "sleep 700"),
+        a2=("alice", "nsa2", "c1", "sleep 701"),
+        b=("bob", "nsb", "c1", "sleep 702"),
+    ) as j:
         yield j
-    finally:
-        for job in j.values():
-            scancel(job)
 
 
 def test_the_pods_pid_namespace_is_the_jobs(jobs: dict[str, int]) -> None:
