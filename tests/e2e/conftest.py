@@ -24,7 +24,7 @@ LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 CLUSTER = os.environ.get("PODNET_E2E_CLUSTER", "lab")
 POD_CIDR = "198.18.0.0/15"
 
-#: what failed, in full (make test-molecule prints it after a failed verify: the
+#: what failed or was skipped, in full (make test-molecule prints it after a failed verify: the
 #: molecule output around it is too long to keep in a CI log's tail)
 FAILURES = REPO / "tests" / "output" / f"e2e-failures-{LAB}.txt"
 
@@ -34,12 +34,27 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     FAILURES.unlink(missing_ok=True)
 
 
+def _record(report: pytest.TestReport | pytest.CollectReport, what: str) -> None:
+    FAILURES.parent.mkdir(parents=True, exist_ok=True)
+    with FAILURES.open("a") as f:
+        f.write(f"==== {what} {report.nodeid} ({getattr(report, 'when', 'collect')})\n")
+        f.write(report.longreprtext[-6000:] + "\n")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.failed:
-        FAILURES.parent.mkdir(parents=True, exist_ok=True)
-        with FAILURES.open("a") as f:
-            f.write(f"==== {report.nodeid} ({report.when}, {report.duration:.1f} s)\n")
-            f.write(report.longreprtext[-6000:] + "\n")
+        _record(report, "FAILED")
+    elif report.skipped:
+        _record(report, "SKIPPED")
+
+
+def pytest_collectreport(report: pytest.CollectReport) -> None:
+    """A module that fails to import or skips itself as a whole (the molecule lab's verify
+    fails on any skip: a test that quietly stops running is a failure there)."""
+    if report.failed:
+        _record(report, "FAILED")
+    elif report.skipped:
+        _record(report, "SKIPPED")
 
 
 if os.geteuid() != 0:
