@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Gateway policy: the format kept in etcd, its validation, and its compilation into
-nftables set elements (docs/gateway.md).
+"""Gateway policy: the format kept in etcd (validated by podnet.policy_format, the same file
+the collection's gateway_policy module uses) and its compilation into nftables set elements
+(docs/gateway.md).
 
 etcd keys (under `/podnet/<cluster>/gateway/`, written by `hpc.podnet.gateway_policy`):
 
@@ -25,14 +26,11 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
+from podnet.policy_format import canonical_policy, canonical_rule, port_ranges
+
 PROTOS = {"tcp": 6, "udp": 17, "icmp": 1}
-ACTIONS = ("allow", "deny")
 #: the most ports a user may publish when no policy says (global `publish.max` overrides)
 DEFAULT_PUBLISH_MAX = 0
-
-
-class PolicyError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -67,78 +65,23 @@ def _range(lo: int, hi: int) -> str:
     return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
-def parse_ports(v: Any, where: str) -> tuple[tuple[int, int], ...]:
-    if v is None or v == "":
-        return ()
-    if isinstance(v, int) and not isinstance(v, bool):
-        v = str(v)
-    if isinstance(v, list):
-        v = ",".join(str(x) for x in v)
-    if not isinstance(v, str):
-        raise PolicyError(f"{where}: 'ports' must be a string like '80,443,8000-8100'")
-    out: list[tuple[int, int]] = []
-    for raw in v.split(","):
-        part = raw.strip()
-        lo_s, _sep, hi_s = part.partition("-")
-        try:
-            lo, hi = int(lo_s), int(hi_s or lo_s)
-        except ValueError:
-            raise PolicyError(f"{where}: bad port or range {part!r}") from None
-        if not 0 <= lo <= hi <= 65535:
-            raise PolicyError(f"{where}: port range {part!r} out of 0-65535")
-        out.append((lo, hi))
-    return tuple(sorted(set(out)))
+def _rule(c: dict[str, Any], where: str) -> Rule:
+    return Rule(c["action"], c["cidr"], c["proto"], tuple(port_ranges(c.get("ports"), where)))
 
 
 def parse_rule(d: Any, where: str) -> Rule:
-    if not isinstance(d, dict):
-        raise PolicyError(f"{where}: a rule must be a mapping")
-    extra = sorted(set(d) - {"action", "cidr", "proto", "ports", "comment"})
-    if extra:
-        raise PolicyError(f"{where}: unknown rule field(s): {', '.join(extra)}")
-    action = d.get("action", "allow")
-    if action not in ACTIONS:
-        raise PolicyError(f"{where}: 'action' must be allow or deny, got {action!r}")
-    try:
-        cidr = str(ipaddress.IPv4Network(str(d.get("cidr", "0.0.0.0/0")), strict=False))
-    except ValueError as e:
-        raise PolicyError(f"{where}: 'cidr': {e}") from None
-    proto = d.get("proto", "any")
-    if proto not in (*PROTOS, "any"):
-        raise PolicyError(f"{where}: 'proto' must be tcp, udp, icmp or any, got {proto!r}")
-    ports = parse_ports(d.get("ports"), where)
-    if ports and proto not in ("tcp", "udp"):
-        raise PolicyError(f"{where}: 'ports' needs proto tcp or udp")
-    return Rule(action, cidr, proto, ports)
+    """One egress rule, validated by the policy format (podnet.policy_format)."""
+    return _rule(canonical_rule(d, where), where)
 
 
 def parse_policy(d: Any, where: str, user: bool = False) -> Policy:
-    if d is None:
-        return Policy()
-    if not isinstance(d, dict):
-        raise PolicyError(f"{where}: a policy must be a mapping")
-    allowed = {"egress", "publish"} | (set() if user else {"default"})
-    extra = sorted(set(d) - allowed)
-    if extra:
-        raise PolicyError(f"{where}: unknown field(s): {', '.join(extra)}")
-    p = Policy()
-    if not user:
-        p.default = d.get("default", "deny")
-        if p.default not in ACTIONS:
-            raise PolicyError(f"{where}: 'default' must be allow or deny")
-    rules = d.get("egress", [])
-    if not isinstance(rules, list):
-        raise PolicyError(f"{where}: 'egress' must be a list of rules")
-    p.egress = [parse_rule(r, f"{where}: egress[{i}]") for i, r in enumerate(rules)]
-    pub = d.get("publish")
-    if pub is not None:
-        if not isinstance(pub, dict) or set(pub) - {"max"}:
-            raise PolicyError(f"{where}: 'publish' must be {{max: N}}")
-        m = pub.get("max")
-        if isinstance(m, bool) or not isinstance(m, int) or not 0 <= m <= 65535:
-            raise PolicyError(f"{where}: 'publish.max' must be an integer 0-65535")
-        p.publish_max = m
-    return p
+    """A global (or, with `user`, a per-user) policy, validated by the policy format."""
+    c = canonical_policy(d, where, user=user)
+    return Policy(
+        default=c.get("default", "deny"),
+        egress=[_rule(r, f"{where}: egress[{i}]") for i, r in enumerate(c["egress"])],
+        publish_max=c["publish"]["max"] if "publish" in c else None,
+    )
 
 
 def publish_max(global_p: Policy, user_p: Policy | None) -> int:

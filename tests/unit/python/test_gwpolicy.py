@@ -18,7 +18,6 @@ from podnet import publish
 from podnet.gateway import Raw, build_state, ruleset, update
 from podnet.gwpolicy import (
     Policy,
-    PolicyError,
     compile_policy,
     evaluate,
     parse_policy,
@@ -26,6 +25,7 @@ from podnet.gwpolicy import (
     publish_max,
 )
 from podnet.names import Keys
+from podnet.policy_format import PolicyError
 from podnet.store import KV
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -123,9 +123,17 @@ BAD = [
 ]
 
 
+def test_module_and_agent_share_one_policy_format() -> None:
+    """The collection's module_utils file is the agent's policy_format (a symlink that
+    ansible-galaxy keeps in the tarball): one validator, never two that drift apart."""
+    mu = ROOT / "plugins" / "module_utils" / "_gateway_policy.py"
+    assert mu.is_symlink()
+    assert mu.samefile(ROOT / "agent" / "src" / "podnet" / "policy_format.py")
+
+
 @pytest.mark.parametrize("bad", BAD)
 def test_invalid_policies_refused_by_agent_and_module(bad: dict[str, Any]) -> None:
-    with pytest.raises(PolicyError):
+    with pytest.raises(PolicyError, match=r"^g: "):
         parse_policy(bad, "g")
     mu = _module_utils()
     with pytest.raises(mu.PolicyError):
