@@ -57,10 +57,13 @@ check "inventory groups" "etcd:ctl dns:ctl compute:c1" \
        | grep -E '^(etcd|dns|compute):' | tr '\n' ' ' | sed 's/ $//')"
 check "host table present" "1" "$(nft list tables | grep -cx "table inet ${LAB_NAME}_host")"
 
-t0=$(date +%s%N)
-"$lab" up >/dev/null
-ms=$(( ($(date +%s%N) - t0) / 1000000 ))
-if (( ms < 5000 )); then ok "re-up with nodes running is fast (${ms} ms)"; else ko "re-up fast" "${ms} ms"; fi
+# re-up with the nodes running keeps them as they are (the same nspawn processes, the same
+# init: pid and start time): behaviour, not a time (bench figures live in tests/bench)
+procs() { cat "$state"/nodes/{ctl,c1}/pid "$state"/nodes/{ctl,c1}/init | tr '\n' ' '; }
+before=$(procs)
+if "$lab" up >/dev/null; then ok "re-up with nodes running"; else ko "re-up with nodes running"; fi
+check "re-up kept the nodes' nspawn and init processes" "$before" "$(procs)"
+check "c1 answers after re-up" "c1" "$("$lab" ssh c1 hostname)"
 
 pid=$(<"$state/nodes/c1/pid")
 old_init=$(awk '{ print $1 }' "$state/nodes/c1/init")
