@@ -156,18 +156,20 @@ test-lab-harness: deps artifacts
 test-agent: deps artifacts
 	PODNET_TEST_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) -m pytest -q $(ROOT)/tests/agent
 
+# what the molecule lab's e2e failed or skipped (tests/e2e/conftest.py writes it)
+MOLECULE_E2E_FAILURES := $(ROOT)/tests/output/e2e-failures-pnmol.txt
 test-molecule: deps artifacts collection-tarball
 	$(MAKE) --no-print-directory suite-molecule
 suite-molecule:
 	mkdir -p $(ROOT)/build/molecule-lab
 	[ -s $(ROOT)/build/molecule-lab/hosts.yml ] || printf 'all: {}\n' > $(ROOT)/build/molecule-lab/hosts.yml
-	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
+	rm -f $(MOLECULE_E2E_FAILURES)
 	cd $(ROOT) && MOLECULE_GLOB='tests/molecule/*/molecule.yml' $(call LOCKED,molecule-lab) molecule test -s lab \
 	  2>&1 | tee $(ROOT)/build/molecule-lab/molecule.log \
 	  || { echo "==== test-molecule failed: the failed tasks, then the failed e2e tests"; \
 	       sed 's/\x1b\[[0-9;]*m//g' $(ROOT)/build/molecule-lab/molecule.log \
 	         | grep -E -A25 '(fatal|failed): \[|CRITICAL|ERROR ' | tail -n 150; \
-	       cat $(ROOT)/tests/output/e2e-failures-pnmol.txt 2>/dev/null; exit 1; }
+	       cat $(MOLECULE_E2E_FAILURES) 2>/dev/null; exit 1; }
 
 # Day-2 playbooks (backup, restore, reset, remove_node, upgrade) with a job's TCP ping loop
 # and an SSH session running: its own lab pnd2ci (ctl login c1 c2 c3), down afterwards.
@@ -186,12 +188,12 @@ suite-day2:
 # parts and fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
 test: deps artifacts collection-tarball
-	rm -f $(ROOT)/tests/output/e2e-failures-pnmol.txt
+	rm -f $(MOLECULE_E2E_FAILURES)
 	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick-roles suite-etcd || rc=1; \
 	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2 || rc=1; \
-	  if [ $$rc != 0 ] && [ -s $(ROOT)/tests/output/e2e-failures-pnmol.txt ]; then \
+	  if [ $$rc != 0 ] && [ -s $(MOLECULE_E2E_FAILURES) ]; then \
 	    echo "==== make test failed; the molecule lab's failed or skipped e2e tests:"; \
-	    tail -n 150 $(ROOT)/tests/output/e2e-failures-pnmol.txt; fi; \
+	    tail -n 150 $(MOLECULE_E2E_FAILURES); fi; \
 	  exit $$rc
 suite-etcd:
 	$(ROOT)/tests/molecule/run-scenarios.sh etcd

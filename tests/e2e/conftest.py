@@ -34,27 +34,26 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     FAILURES.unlink(missing_ok=True)
 
 
-def _record(report: pytest.TestReport | pytest.CollectReport, what: str) -> None:
+def _record(report: pytest.TestReport | pytest.CollectReport) -> None:
+    """Append a failed or skipped test, or a module that failed to import or skipped itself
+    as a whole (the molecule lab's verify fails on any skip: a test that quietly stops
+    running is a failure there)."""
+    what = "FAILED" if report.failed else "SKIPPED" if report.skipped else ""
+    if not what:
+        return
+    took = f", {report.duration:.1f} s" if isinstance(report, pytest.TestReport) else ""
     FAILURES.parent.mkdir(parents=True, exist_ok=True)
     with FAILURES.open("a") as f:
-        f.write(f"==== {what} {report.nodeid} ({getattr(report, 'when', 'collect')})\n")
+        f.write(f"==== {what} {report.nodeid} ({report.when}{took})\n")
         f.write(report.longreprtext[-6000:] + "\n")
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    if report.failed:
-        _record(report, "FAILED")
-    elif report.skipped:
-        _record(report, "SKIPPED")
+    _record(report)
 
 
 def pytest_collectreport(report: pytest.CollectReport) -> None:
-    """A module that fails to import or skips itself as a whole (the molecule lab's verify
-    fails on any skip: a test that quietly stops running is a failure there)."""
-    if report.failed:
-        _record(report, "FAILED")
-    elif report.skipped:
-        _record(report, "SKIPPED")
+    _record(report)
 
 
 if os.geteuid() != 0:

@@ -26,7 +26,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from typing import Any
 
-from podnet.policy_format import canonical_policy, canonical_rule, port_ranges
+from podnet.policy_format import canonical_policy, canonical_rule, port_ranges, range_text
 
 PROTOS = {"tcp": 6, "udp": 17, "icmp": 1}
 #: the most ports a user may publish when no policy says (global `publish.max` overrides)
@@ -44,7 +44,7 @@ class Rule:
         """`daddr . proto . port` interval elements of this rule (nft syntax)."""
         proto = "0-255" if self.proto == "any" else str(PROTOS[self.proto])
         ports = self.ports or ((0, 65535),)
-        return [f"{self.cidr} . {proto} . {_range(lo, hi)}" for lo, hi in ports]
+        return [f"{self.cidr} . {proto} . {range_text(lo, hi)}" for lo, hi in ports]
 
 
 @dataclass
@@ -59,10 +59,6 @@ class Policy:
         if self._sets is None:
             self._sets = compile_rules(self.egress)
         return self._sets
-
-
-def _range(lo: int, hi: int) -> str:
-    return str(lo) if lo == hi else f"{lo}-{hi}"
 
 
 def _rule(c: dict[str, Any], where: str) -> Rule:

@@ -48,8 +48,13 @@ def port_ranges(v: t.Any, where: str) -> list[tuple[int, int]]:
     return sorted(set(out))
 
 
+def range_text(lo: int, hi: int) -> str:
+    """One port range as written in a policy and in nftables: `80` or `8000-8100`."""
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def port_text(ranges: t.Iterable[tuple[int, int]]) -> str:
-    return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in ranges)
+    return ",".join(range_text(lo, hi) for lo, hi in ranges)
 
 
 def canonical_rule(d: t.Any, where: str) -> dict[str, t.Any]:
