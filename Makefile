@@ -23,8 +23,9 @@ ETCD_ARTIFACT := $(CACHE_DIR)/artifacts/etcd-server/usr/bin/etcd
 
 LAB         := $(ROOT)/tests/lab/lab.sh
 # Suites with fixed names (netns pat-*, labs pnha/pnlt/pnmol) take a host-wide lock, so two
-# checkouts on one machine (CI beside a developer's tree) wait for each other, never collide.
-LOCKED      = flock $(CACHE_DIR)/suite-$(1).lock
+# checkouts on one machine (CI beside a developer's tree, or trees with caches of their own)
+# wait for each other, never collide.
+LOCKED      = flock /run/lock/podnet-suite-$(1).lock
 LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \

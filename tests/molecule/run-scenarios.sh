@@ -8,7 +8,6 @@
 # another lab (tests/molecule/<scenario>/molecule.yml).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
 [ "$#" -gt 0 ] || { echo "usage: $0 SCENARIO..." >&2; exit 2; }
 cd "$root"
 export MOLECULE_GLOB='tests/molecule/*/molecule.yml'
@@ -16,8 +15,9 @@ summary=() rc=0
 for s in "$@"; do
     [ -f "tests/molecule/$s/molecule.yml" ] || { echo "run-scenarios: no scenario '$s'" >&2; exit 2; }
     # the etcd scenario's lab is pnha, the lab the former suite-etcd-ha used: same lock
-    lock=$cache/suite-molecule-$s.lock
-    [ "$s" != etcd ] || lock=$cache/suite-etcd-ha.lock
+    # host-wide, whatever PODNET_CACHE_DIR: two checkouts never run one scenario's lab at once
+    lock=/run/lock/podnet-suite-molecule-$s.lock
+    [ "$s" != etcd ] || lock=/run/lock/podnet-suite-etcd-ha.lock
     log=$root/build/molecule-$s/molecule.log
     mkdir -p "$(dirname "$log")"
     t0=$SECONDS
