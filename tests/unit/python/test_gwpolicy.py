@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet import publish
-from podnet.gateway import Raw, build_state, ruleset, update
-from podnet.gwpolicy import (
+from podnet.gateway.daemon import Raw, build_state, ruleset, update
+from podnet.names import Keys
+from podnet.policy_format import PolicyError
+from podnet.state import publish
+from podnet.state.gwpolicy import (
     Policy,
     compile_policy,
     evaluate,
@@ -24,9 +26,7 @@ from podnet.gwpolicy import (
     parse_rule,
     publish_max,
 )
-from podnet.names import Keys
-from podnet.policy_format import PolicyError
-from podnet.store import KV
+from podnet.state.store import KV
 
 ROOT = Path(__file__).resolve().parents[3]
 TCP, UDP, ICMP = 6, 17, 1

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from prometheus_client.registry import Collector
 
-    from podnet.agent import Agent
+    from podnet.node.agent import Agent
 
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 

@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podnet import cni, publish
-from podnet.agent import Agent, PodnetError
-from podnet.client import ApiError
-from podnet.nl import mac_for_ip as nl_mac
-from podnet.store import EtcdRequestError, EtcdUnavailable
+from podnet.api import cni
+from podnet.api.client import ApiError
+from podnet.kernel.nl import mac_for_ip as nl_mac
+from podnet.node.agent import Agent, PodnetError
+from podnet.state import publish
+from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
 
@@ -280,7 +281,7 @@ class Handler:
 
     def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,
-        served by podnet.cni on this caller's behalf; what the plugin prints and its
+        served by podnet.api.cni on this caller's behalf; what the plugin prints and its
         exit status."""
         env = {
             "CNI_COMMAND": _text(req, "command", 16),

@@ -245,7 +245,7 @@ def _socket(req: CniRequest) -> str:
 
 
 def _call(req: CniRequest, op: str, via: Any, **args: Any) -> dict[str, Any]:
-    from podnet import client  # noqa: PLC0415 (VERSION needs no socket code)
+    from podnet.api import client  # noqa: PLC0415 (VERSION needs no socket code)
 
     try:
         if via is not None:

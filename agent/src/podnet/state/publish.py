@@ -16,10 +16,10 @@ import pwd
 from dataclasses import dataclass
 from typing import Any
 
-from podnet.gwpolicy import Policy, parse_policy, publish_max
 from podnet.names import Keys, job_label
 from podnet.policy_format import PolicyError
-from podnet.store import Etcd, cmp_absent, op_put
+from podnet.state.gwpolicy import Policy, parse_policy, publish_max
+from podnet.state.store import Etcd, cmp_absent, op_put
 
 
 class PublishError(RuntimeError):

@@ -45,16 +45,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podnet import netns, nl, store
-from podnet.alloc import RECORD_TTL, Allocator, AllocError
-from podnet.dataplane import PLACEHOLDER_MAC, NewNetns, PodSpec
-from podnet.ipam import PoolExhausted
+from podnet.kernel import netns, nl
+from podnet.kernel.dataplane import PLACEHOLDER_MAC, NewNetns, PodSpec
 from podnet.names import Keys, new_veth_name, ptr_key, zone_path
-from podnet.pods import Pod, PodnetError
-from podnet.store import cmp_absent, cmp_value, op_delete, op_put
+from podnet.node.pods import Pod, PodnetError
+from podnet.state import store
+from podnet.state.alloc import RECORD_TTL, Allocator, AllocError
+from podnet.state.ipam import PoolExhausted
+from podnet.state.store import cmp_absent, cmp_value, op_delete, op_put
 
 if TYPE_CHECKING:
-    from podnet.agent import Agent, _Rooms
+    from podnet.node.agent import Agent, _Rooms
 
 log = logging.getLogger("podnet.containers")
 
