@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from podnet.api import cni
-from podnet.api.server import Handler, Peer
+from podnet.api.handlers import Handler, Peer
 from podnet.errors import PodnetError
 from podnet.node.containers import (
     NsFacts,

@@ -46,6 +46,7 @@ from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
+from podnet.state import publish
 from podnet.state.alloc import Allocator, AllocError
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
@@ -337,6 +338,24 @@ class Agent:
 
     def list_pods(self, uid: int | None) -> list[Pod]:
         return self.pods.all(uid)
+
+    # -- published ports (podnet publish; docs/gateway.md) -------------------------------
+    def publish(self, uid: int, root: bool, job: str, pod: int, port: int) -> dict[str, Any]:
+        return publish.publish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def unpublish(self, uid: int, root: bool, job: str, pod: int, port: int) -> int:
+        return publish.unpublish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def published(self, uid: int | None) -> list[dict[str, Any]]:
+        """The published ports (of `uid`; None: all), each with its external address."""
+        try:
+            ext_ip = publish.gateway_config(self.etcd, self.keys)[0]
+        except PodnetError:
+            ext_ip = ""
+        recs = publish.list_published(self.etcd, self.keys, uid)
+        for r in recs:
+            r["address"] = f"{ext_ip}:{r['external_port']}"
+        return recs
 
     def status(self) -> dict[str, Any]:
         try:
