@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -55,6 +56,24 @@ def job_netns(job_id: int) -> str:
 
 def login_netns(uid: int) -> str:
     return f"pn-l{uid}"
+
+
+#: netns names of containers: `pn-c` + 11 hex digits
+CONTAINER_NS_PREFIX = "pn-c"
+
+
+def container_netns(uid: int, container_id: str, ifname: str) -> str:
+    """The netns file name of a container interface: `pn-c` + 11 hex digits."""
+    h = hashlib.sha256(f"{uid}/{container_id}/{ifname}".encode()).hexdigest()
+    return CONTAINER_NS_PREFIX + h[:11]
+
+
+def is_container_netns(name: str) -> bool:
+    return (
+        len(name) == 15
+        and name.startswith(CONTAINER_NS_PREFIX)
+        and all(c in "0123456789abcdef" for c in name[4:])
+    )
 
 
 def bridge_name(vni: int) -> str:
@@ -131,6 +150,27 @@ class Keys:
 
     def vtep(self, vni: int, node: str) -> str:
         return f"{self.root}vteps/{vni}/{node}"
+
+    def container(self, node: str, ns: str) -> str:
+        """A container's record (its netns `pn-c...` on `node`)."""
+        return f"{self.root}containers/{node}/{ns}"
+
+    @property
+    def gateway_config(self) -> str:
+        """The gateways' external address and port range (podnet-gatewayd writes it)."""
+        return self.root + "gateway/config"
+
+    def gateway_policy(self, user: str | None = None) -> str:
+        """The global gateway policy, or a user's (hpc.podnet.gateway_policy)."""
+        return self.root + (
+            "gateway/policy/global" if user is None else f"gateway/policy/users/{user}"
+        )
+
+    def published(self, external_port: int | None = None) -> str:
+        """A published port's record (None: the prefix of them all)."""
+        return self.prefix("gateway/published") + (
+            "" if external_port is None else str(external_port)
+        )
 
     def prefix(self, what: str) -> str:
         return f"{self.root}{what}/"

@@ -1,56 +1,105 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The UNIX socket API (docs/api.md): JSON lines, authorization from SO_PEERCRED only.
+"""The socket API's requests (docs/api.md): dispatch, validation and authorization, pure
+(testable without a socket). Who asks is SO_PEERCRED's word (`Peer`, from api.server),
+never the request's. Malformed input gets an error reply and never reaches the agent.
 
-Each connection gets a thread. Admission (`Admission`) bounds them: `max_connections` in
-all, of which `root_connections` only for root (the Slurm plugin, the SSH hooks), and
-`max_connections_per_user` for any other uid, so one user cannot hold the socket against
-the others. A request line is at most 64 KiB and must arrive whole within `read_timeout`
-(a deadline for the request, not per read: a newline every few seconds does not keep a
-connection). Non-root callers get one request per connection. Malformed input gets an
-error reply and never reaches the agent.
+The handlers call the node agent through `Ops`, the operations they use.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-import socket
-import struct
-import threading
-import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
-from podnet import cni, publish
-from podnet.agent import Agent, PodnetError
-from podnet.client import ApiError
-from podnet.nl import mac_for_ip as nl_mac
-from podnet.store import EtcdRequestError, EtcdUnavailable
+from podnet.api import cni
+from podnet.config import ClusterConfig, NodeConfig
+from podnet.errors import PodnetError
+from podnet.kernel.nl import mac_for_ip as nl_mac
+from podnet.node.pods import Pod
+from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
 
 VERSION = 1
-MAX_LINE = 64 * 1024
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 
 
+class ContainerOps(Protocol):
+    """What the handlers call of node.containers.Containers."""
+
+    def add(
+        self,
+        caller_uid: int,
+        caller_pid: int,
+        container_id: str,
+        ifname: str,
+        netns_path: str,
+        label: str,
+        asked_uid: int | None,
+        asked_pid: int | None,
+    ) -> Pod: ...
+
+    def find(
+        self, caller_uid: int, container_id: str, ifname: str, uid: int | None
+    ) -> Pod | None: ...
+
+    def delete(self, pod: Pod) -> bool: ...
+
+    def check(self, pod: Pod) -> list[str]: ...
+
+    def gc_once(self) -> list[str]: ...
+
+
+class Ops(Protocol):
+    """What the handlers call of the node agent (node.agent.Agent)."""
+
+    @property
+    def cfg(self) -> NodeConfig: ...
+
+    @property
+    def cluster(self) -> ClusterConfig: ...
+
+    @property
+    def containers(self) -> ContainerOps: ...
+
+    def job_up(
+        self, job_id: int, user: str, uid: int, job_name: str, nodes: list[str], node_index: int
+    ) -> Pod: ...
+
+    def job_down(self, job_id: int) -> bool: ...
+
+    def job_pidns(self, job_id: int, pid: int) -> bool: ...
+
+    def job_get(self, job_id: int) -> Pod: ...
+
+    def login_acquire(self, uid: int, pid: int) -> Pod: ...
+
+    def login_release(self, uid: int) -> bool: ...
+
+    def join(self, uid: int, target: str, job_id: int | None) -> Pod: ...
+
+    def list_pods(self, uid: int | None) -> list[Pod]: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    def publish(self, uid: int, root: bool, job: str, pod: int, port: int) -> dict[str, Any]: ...
+
+    def unpublish(self, uid: int, root: bool, job: str, pod: int, port: int) -> int: ...
+
+    def published(self, uid: int | None) -> list[dict[str, Any]]: ...
+
+
 class Peer:
+    """Who is asking: SO_PEERCRED of the connection."""
+
     def __init__(self, pid: int, uid: int, gid: int) -> None:
         self.pid, self.uid, self.gid = pid, uid, gid
 
     @property
     def root(self) -> bool:
         return self.uid == 0
-
-
-def peer_of(conn: socket.socket) -> Peer:
-    data = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    pid, uid, gid = struct.unpack("3i", data)
-    return Peer(pid, uid, gid)
 
 
 def _opt_int(req: dict[str, Any], key: str, lo: int = 0, hi: int = 2**32 - 1) -> int | None:
@@ -94,7 +143,7 @@ def _text(req: dict[str, Any], key: str, maxlen: int = 1024) -> str:
 class Handler:
     """Request dispatch and authorization (pure: testable without a socket)."""
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Ops) -> None:
         self.agent = agent
         self.ops: dict[str, Callable[[Peer, dict[str, Any]], dict[str, Any]]] = {
             "job_up": self.job_up,
@@ -245,7 +294,7 @@ class Handler:
         pod = self.agent.containers.add(peer.uid, peer.pid, cid, ifname, netns, label, uid, pid)
         return {"pod": self._container_reply(pod)}
 
-    def _container_reply(self, pod: Any) -> dict[str, Any]:
+    def _container_reply(self, pod: Pod) -> dict[str, Any]:
         cc = self.agent.cluster
         out = dict(pod.public())
         out["mac"] = nl_mac(pod.ip)
@@ -257,7 +306,7 @@ class Handler:
         }
         return out
 
-    def _find_container(self, peer: Peer, req: dict[str, Any]) -> Any:
+    def _find_container(self, peer: Peer, req: dict[str, Any]) -> Pod | None:
         cid, ifname = self._container_args(req)
         uid = _opt_int(req, "uid", 1, 2**31 - 1) if peer.root else None
         return self.agent.containers.find(peer.uid, cid, ifname, uid)
@@ -280,7 +329,7 @@ class Handler:
 
     def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,
-        served by podnet.cni on this caller's behalf; what the plugin prints and its
+        served by podnet.api.cni on this caller's behalf; what the plugin prints and its
         exit status."""
         env = {
             "CNI_COMMAND": _text(req, "command", 16),
@@ -293,10 +342,7 @@ class Handler:
         config = _text(req, "config", cni.MAX_CONFIG).encode()
 
         def via(op: str, **args: Any) -> dict[str, Any]:
-            try:
-                return self.ops[op](peer, {"v": VERSION, "op": op, **args})
-            except PodnetError as e:
-                raise ApiError(e.code, e.message) from None
+            return self.ops[op](peer, {"v": VERSION, "op": op, **args})
 
         rc, out = cni.serve(env, config, via)
         return {"cni_rc": rc, "cni_out": out}
@@ -311,188 +357,16 @@ class Handler:
 
     def publish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
-        a = self.agent
-        try:
-            rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
-        return {"published": rec}
+        return {"published": self.agent.publish(peer.uid, peer.root, job, pod, port)}
 
     def unpublish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
-        a = self.agent
-        try:
-            n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
-        return {"removed": n}
+        return {"removed": self.agent.unpublish(peer.uid, peer.root, job, pod, port)}
 
     def published(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         del req
-        a = self.agent
-        try:
-            ext_ip = publish.gateway_config(a.etcd, a.keys)[0]
-        except publish.PublishError:
-            ext_ip = ""
-        recs = publish.list_published(a.etcd, a.keys, None if peer.root else peer.uid)
-        for r in recs:
-            r["address"] = f"{ext_ip}:{r['external_port']}"
-        return {"published": recs}
+        return {"published": self.agent.published(None if peer.root else peer.uid)}
 
 
 def _err(code: str, message: str) -> dict[str, Any]:
     return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Connection bounds of the socket (NodeConfig's settings of the same names)."""
-
-    read_timeout: float = 10.0
-    max_connections: int = 256
-    root_connections: int = 32
-    max_connections_per_user: int = 8
-
-
-class Admission:
-    """Who may open one more connection: a total, slots kept for root, a bound per uid."""
-
-    def __init__(self, limits: Limits) -> None:
-        self.limits = limits
-        self.lock = threading.Lock()
-        self.total = 0
-        self.users = 0  # connections of non-root callers
-        self.by_uid: dict[int, int] = {}
-
-    def enter(self, uid: int) -> str | None:
-        """Takes a slot for `uid`; returns None, or why it was refused."""
-        lim = self.limits
-        with self.lock:
-            if self.total >= lim.max_connections:
-                return "too many connections to podnetd, retry"
-            if uid != 0:
-                if self.users >= lim.max_connections - lim.root_connections:
-                    return "too many user connections to podnetd, retry"
-                if self.by_uid.get(uid, 0) >= lim.max_connections_per_user:
-                    return (
-                        f"too many connections from uid {uid} "
-                        f"(at most {lim.max_connections_per_user} at once)"
-                    )
-                self.users += 1
-            self.total += 1
-            self.by_uid[uid] = self.by_uid.get(uid, 0) + 1
-            return None
-
-    def leave(self, uid: int) -> None:
-        with self.lock:
-            self.total -= 1
-            if uid != 0:
-                self.users -= 1
-            left = self.by_uid[uid] - 1
-            if left:
-                self.by_uid[uid] = left
-            else:
-                del self.by_uid[uid]
-
-
-class Server:
-    def __init__(self, handler: Handler, path: str, limits: Limits) -> None:
-        self.handler = handler
-        self.path = path
-        self.limits = limits
-        self.admission = Admission(limits)
-        self.sock: socket.socket | None = None
-        self.stopping = threading.Event()
-
-    def bind(self) -> None:
-        path = Path(self.path)
-        path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.unlink(missing_ok=True)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.bind(str(tmp))
-        # every user may connect: authorization is per request, from SO_PEERCRED
-        tmp.chmod(0o666)
-        tmp.replace(path)
-        s.listen(1024)  # the kernel caps it at net.core.somaxconn
-        self.sock = s
-
-    def serve_forever(self) -> None:
-        if self.sock is None:
-            raise RuntimeError("bind() first")
-        while not self.stopping.is_set():
-            try:
-                conn = self.sock.accept()[0]
-            except OSError:
-                if self.stopping.is_set():
-                    return
-                raise
-            try:
-                peer = peer_of(conn)
-            except OSError:
-                conn.close()
-                continue
-            refused = self.admission.enter(peer.uid)
-            if refused is not None:
-                conn.settimeout(0)  # never let a full client buffer stall the accept loop
-                _send(conn, _err("EUNAVAIL", refused))
-                conn.close()
-                continue
-            threading.Thread(target=self._conn, args=(conn, peer), daemon=True).start()
-
-    def _conn(self, conn: socket.socket, peer: Peer) -> None:
-        try:
-            self._serve(conn, peer)
-        except OSError:
-            pass
-        finally:
-            conn.close()
-            self.admission.leave(peer.uid)
-
-    def _serve(self, conn: socket.socket, peer: Peer) -> None:
-        buf = b""
-        deadline = time.monotonic() + self.limits.read_timeout
-        while True:
-            nl = buf.find(b"\n")
-            if nl < 0:
-                if len(buf) > MAX_LINE:
-                    _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
-                    return
-                left = deadline - time.monotonic()
-                try:
-                    if left <= 0:
-                        raise TimeoutError
-                    conn.settimeout(left)
-                    chunk = conn.recv(65536)
-                except TimeoutError:
-                    if buf.strip():
-                        _send(conn, _err("EINVAL", "incomplete request (timeout)"))
-                    return
-                if not chunk:
-                    if buf.strip():
-                        _send(conn, _err("EINVAL", "incomplete request (no newline)"))
-                    return
-                buf += chunk
-                continue
-            line, buf = buf[:nl], buf[nl + 1 :]
-            if len(line) > MAX_LINE:
-                _send(conn, _err("ETOOBIG", f"request longer than {MAX_LINE} bytes"))
-                return
-            if not line.strip():
-                continue
-            reply = self.handler.handle_line(peer, line)
-            conn.settimeout(self.limits.read_timeout)  # a client that never reads
-            _send(conn, reply)
-            if not peer.root:
-                return  # one request per connection for users
-            deadline = time.monotonic() + self.limits.read_timeout
-
-    def close(self) -> None:
-        self.stopping.set()
-        if self.sock is not None:
-            self.sock.close()
-
-
-def _send(conn: socket.socket, reply: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # the client went away: nothing to tell it
-        conn.sendall(json.dumps(reply, separators=(",", ":")).encode() + b"\n")
