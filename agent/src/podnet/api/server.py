@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import pwd
 import socket
 import struct
 import threading
@@ -30,6 +31,7 @@ from podnet.api.client import ApiError
 from podnet.kernel.nl import mac_for_ip as nl_mac
 from podnet.node.agent import Agent, PodnetError
 from podnet.state import publish
+from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
@@ -107,6 +109,7 @@ class Handler:
             "join": self.join,
             "pods": self.pods,
             "status": self.status,
+            "quota": self.quota,
             "publish": self.publish,
             "unpublish": self.unpublish,
             "published": self.published,
@@ -135,6 +138,8 @@ class Handler:
             if fn is None:
                 raise PodnetError("EINVAL", f"unknown op {op!r}")
             return {"v": VERSION, "ok": True, **fn(peer, req)}
+        except QuotaExceeded as e:
+            return _err(e.code, e.message, quota=e.details())
         except PodnetError as e:
             return _err(e.code, e.message)
         except (EtcdUnavailable, EtcdRequestError) as e:
@@ -230,6 +235,17 @@ class Handler:
     def status(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         del peer, req
         return self.agent.status()
+
+    def quota(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """The caller's usage against each quota (root: any user's, `user`)."""
+        uid = peer.uid
+        if peer.root and "user" in req:
+            name = _name(req, "user", 32)
+            try:
+                uid = pwd.getpwnam(name).pw_uid
+            except KeyError:
+                raise PodnetError("ENOENT", f"no user {name!r} on this node") from None
+        return {"quota": self.agent.quota_usage(uid)}
 
     # -- containers (containers.py; the podnet CNI plugin and podnet-container) ----------
     def _container_args(self, req: dict[str, Any]) -> tuple[str, str]:
@@ -341,8 +357,8 @@ class Handler:
         return {"published": recs}
 
 
-def _err(code: str, message: str) -> dict[str, Any]:
-    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
+def _err(code: str, message: str, **more: Any) -> dict[str, Any]:
+    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message, **more}}
 
 
 @dataclass(frozen=True)
