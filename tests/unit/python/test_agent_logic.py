@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet import names
-from podnet.api.metrics import Histogram
 from podnet.api.server import Admission, Handler, Limits, Peer
 from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
+from podnet.errors import PodnetError
 from podnet.names import Keys
-from podnet.node.agent import PodnetError
+from podnet.node.stats import Histogram
 from podnet.state import alloc
 from podnet.state.alloc import Allocator
 from podnet.state.ipam import Ipam, PoolExhausted

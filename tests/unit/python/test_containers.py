@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from podnet.api import cni
 from podnet.api.server import Handler, Peer
+from podnet.errors import PodnetError
 from podnet.node.containers import (
     NsFacts,
     check_label,
@@ -31,7 +32,6 @@ from podnet.node.containers import (
     ns_name,
     open_netns,
 )
-from podnet.node.pods import PodnetError
 
 
 def _facts(host: bool, owner: int, puid: int | None = None) -> NsFacts:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
+from podnet.errors import PodnetError
 from podnet.gateway.daemon import Raw, build_state, ruleset, update
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
@@ -310,10 +311,10 @@ def test_publish_requested_port_in_range_is_kept(etcd: FakeEtcd) -> None:
 
 def test_publishing_another_users_pod_is_refused(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2002, False, "7", 0, 8080)  # type: ignore[arg-type]
     assert e.value.code == "EPERM"
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.unpublish(etcd, keys, 2002, False, "7", 0, 8080)  # type: ignore[arg-type]
     assert e.value.code == "EPERM"
     assert publish.list_published(etcd, keys, None) == []  # type: ignore[arg-type]
@@ -337,10 +338,10 @@ def test_publish_quota_and_unpublish(etcd: FakeEtcd) -> None:
 
 def test_publish_bad_pod_index_and_no_gateway(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2001, False, "7", 5, 80)  # type: ignore[arg-type]
     assert e.value.code == "EINVAL"
     etcd.delete(keys.root + "gateway/config")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2001, False, "7", 0, 80)  # type: ignore[arg-type]
     assert e.value.code == "EUNAVAIL"

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from podnet.api import cni
-from podnet.api.client import ApiError
+from podnet.errors import PodnetError
 from podnet.kernel.nl import mac_for_ip as nl_mac
-from podnet.node.agent import Agent, PodnetError
+from podnet.node.agent import Agent
 from podnet.state import publish
 from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
@@ -310,10 +310,7 @@ class Handler:
         config = _text(req, "config", cni.MAX_CONFIG).encode()
 
         def via(op: str, **args: Any) -> dict[str, Any]:
-            try:
-                return self.ops[op](peer, {"v": VERSION, "op": op, **args})
-            except PodnetError as e:
-                raise ApiError(e.code, e.message) from None
+            return self.ops[op](peer, {"v": VERSION, "op": op, **args})
 
         rc, out = cni.serve(env, config, via)
         return {"cni_rc": rc, "cni_out": out}
@@ -329,19 +326,13 @@ class Handler:
     def publish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
         a = self.agent
-        try:
-            rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
+        rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
         return {"published": rec}
 
     def unpublish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
         a = self.agent
-        try:
-            n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
+        n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
         return {"removed": n}
 
     def published(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
@@ -349,7 +340,7 @@ class Handler:
         a = self.agent
         try:
             ext_ip = publish.gateway_config(a.etcd, a.keys)[0]
-        except publish.PublishError:
+        except PodnetError:
             ext_ip = ""
         recs = publish.list_published(a.etcd, a.keys, None if peer.root else peer.uid)
         for r in recs:

@@ -344,7 +344,7 @@ class Gateway:
 
     def publish_config(self) -> None:
         self.etcd.put(
-            self.keys.root + "gateway/config",
+            self.keys.gateway_config,
             {"external_ip": self.gcfg.external_ip, "ports": self.gcfg.ports},
         )
 

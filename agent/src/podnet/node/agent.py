@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from podnet import __version__
-from podnet.api.metrics import Histogram
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
+from podnet.errors import PodnetError
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.egress import ensure_egress_route, set_egress_route
 from podnet.kernel.firewall import Firewall
@@ -40,9 +40,10 @@ from podnet.kernel.pidns import PidNamespaces, PidnsError
 from podnet.names import Keys, job_netns, login_netns
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
-from podnet.node.pods import Pod, PodnetError, PodTable, PodWiring, job_search
+from podnet.node.pods import Pod, PodTable, PodWiring, job_search
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
+from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
 from podnet.state.alloc import Allocator, AllocError
@@ -343,7 +344,7 @@ class Agent:
         try:
             publish.gateway_config(self.etcd, self.keys)
             limit = publish.limit_of(self.etcd, self.keys, user)
-        except publish.PublishError:
+        except PodnetError:
             return None
         return limit, len(self.rooms.alloc.slots.live(user, "published"))
 

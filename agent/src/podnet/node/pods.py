@@ -23,15 +23,6 @@ from podnet.names import login_label
 from podnet.state.alloc import Job
 
 
-class PodnetError(Exception):
-    """An error with an API code (docs/api.md)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
 @dataclass
 class Pod:
     kind: str  # job | login | container

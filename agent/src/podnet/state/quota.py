@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.config import ClusterConfig
+from podnet.errors import PodnetError
 from podnet.names import Keys
 from podnet.state.store import (
     KV,
@@ -80,20 +81,18 @@ class Limits:
         )
 
 
-class QuotaExceeded(Exception):
+class QuotaExceeded(PodnetError):
     """A request over a user's quota: which limit, its value, what the user holds.
-    API code `EQUOTA` (docs/api.md)."""
-
-    code = "EQUOTA"
+    API code `EQUOTA` (docs/api.md); the reply's error also carries `details()`."""
 
     def __init__(self, user: str, limit: str, value: int, held: int, where: str = "") -> None:
         self.user, self.limit, self.value, self.held = user, limit, value, held
         at = f" on {where}" if where else ""
-        self.message = (
+        super().__init__(
+            "EQUOTA",
             f"over quota: {LABELS.get(limit, limit)}{at} is {value}, and {user} holds "
-            f"{held} (podnet status shows your usage)"
+            f"{held} (podnet status shows your usage)",
         )
-        super().__init__(f"{self.code}: {self.message}")
 
     def details(self) -> dict[str, Any]:
         return {"limit": self.limit, "value": self.value, "held": self.held}
