@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet.errors import PodnetError
-from podnet.gateway.daemon import Raw, build_state, ruleset, update
+from podnet.gateway.nft import ruleset, update
+from podnet.gateway.state import Raw, build_state
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
 from podnet.state import publish

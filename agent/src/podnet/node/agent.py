@@ -7,8 +7,9 @@ one thing (built by `start`, injected into each other, testable alone):
   lock, the linger timer;
 * `etcd_sync.EtcdSync`: etcd watches -> IPAM view, routes, FDB, firewall sets;
 * `sessions.LoginSessions`: which processes hold each login pod;
-* `node_lease.NodeLease`: the node's record and lease in etcd;
-* `reconcile.Reconciler`: adopt at start, garbage collection while running.
+* `state.node_lease.NodeLease`: the node's record and lease in etcd;
+* `reconcile.Reconciler`: adopt at start, garbage collection while running;
+* `containers.Containers`: containers on their owner's network (the CNI plugin).
 
 Operations are idempotent: `job_up` twice returns the same pod, `job_down` of a missing
 job is a no-op. Work for one user is serialized by that user's lock; the pod table's
@@ -75,7 +76,6 @@ class Agent:
         # etcd round trips that overlap with netlink work (job_up)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
         self._rooms: _Rooms | None = None
-        self.containers = Containers(self)
 
     @property
     def rooms(self) -> _Rooms:
@@ -86,6 +86,11 @@ class Agent:
     @property
     def cluster(self) -> ClusterConfig:
         return self.rooms.cc
+
+    @property
+    def containers(self) -> Containers:
+        """container_add/del/check (the podnet CNI plugin, podnet-container)."""
+        return self.rooms.containers
 
     # -- start ---------------------------------------------------------------------------
     def load_cluster_config(self) -> ClusterConfig:
@@ -121,7 +126,6 @@ class Agent:
         rooms.lease.register()
         rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
         rooms.sync.refresh_nodes()
-        rooms.reconcile.adopt_container = self.containers.adopt
         rooms.reconcile.reconcile()
         rooms.reconcile.reclaim_lost(self.job_down)
         rooms.sync.sync_routes()
@@ -132,7 +136,7 @@ class Agent:
             ("sessions", self._session_loop),
             ("gc", lambda: rooms.reconcile.run_gc(self.stop, self.job_down)),
             ("linger", lambda: rooms.nets.run(self.stop)),
-            ("containers", lambda: self.containers.run(self.stop)),
+            ("containers", lambda: rooms.containers.run(self.stop)),
         ]
         for name, target in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
@@ -392,6 +396,24 @@ class Agent:
     def list_pods(self, uid: int | None) -> list[Pod]:
         return self.pods.all(uid)
 
+    # -- published ports (podnet publish; docs/gateway.md) -------------------------------
+    def publish(self, uid: int, root: bool, job: str, pod: int, port: int) -> dict[str, Any]:
+        return publish.publish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def unpublish(self, uid: int, root: bool, job: str, pod: int, port: int) -> int:
+        return publish.unpublish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def published(self, uid: int | None) -> list[dict[str, Any]]:
+        """The published ports (of `uid`; None: all), each with its external address."""
+        try:
+            ext_ip = publish.gateway_config(self.etcd, self.keys)[0]
+        except PodnetError:
+            ext_ip = ""
+        recs = publish.list_published(self.etcd, self.keys, uid)
+        for r in recs:
+            r["address"] = f"{ext_ip}:{r['external_port']}"
+        return recs
+
     def status(self) -> dict[str, Any]:
         try:
             st = self.etcd.status()
@@ -429,6 +451,7 @@ class _Rooms:
         sync: EtcdSync,
         lease: NodeLease,
         reconcile: Reconciler,
+        containers: Containers,
     ) -> None:
         self.cc = cc
         self.alloc = alloc
@@ -439,6 +462,7 @@ class _Rooms:
         self.sync = sync
         self.lease = lease
         self.reconcile = reconcile
+        self.containers = containers
 
     @classmethod
     def build(cls, agent: Agent, cc: ClusterConfig) -> _Rooms:
@@ -492,4 +516,9 @@ class _Rooms:
             agent.sessions,
             lambda: lease.id,
         )
-        return cls(cc, alloc, dp, fw, PodWiring(dp, fw, cc), nets, sync, lease, reconcile)
+        wiring = PodWiring(dp, fw, cc)
+        containers = Containers(
+            cfg.node, cc, agent.pods, nets, alloc, dp, wiring, cfg.containers_outside_jobs
+        )
+        reconcile.adopt_container = containers.adopt
+        return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers)

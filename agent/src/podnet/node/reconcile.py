@@ -30,7 +30,7 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
-from podnet.node.containers import is_container_ns
+from podnet.names import is_container_netns as is_container_ns
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
