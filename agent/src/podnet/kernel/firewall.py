@@ -28,6 +28,7 @@ import contextlib
 import ipaddress
 import logging
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -224,6 +225,37 @@ def stepd_cgroup(fs: Path = CGROUP_FS) -> str:
     return ""
 
 
+class StepdCgroup:
+    """STEPD_CGROUP as the ruleset names it. nft resolves the path to the cgroup's id when
+    the rules load: a cgroup removed and made again (systemd's shutdown removes every empty
+    cgroup it finds; the lab's nodes share one hierarchy) is another cgroup, which the
+    loaded rule no longer matches. `moved()` tells when the rules must load again."""
+
+    def __init__(self, fs: Path = CGROUP_FS) -> None:
+        self.fs = fs
+        self.path = ""  # under fs, as nft names it ("": none)
+        self.ino = 0  # the cgroup's id when the rules last loaded
+        self.retry_at = 0.0  # after a failure: when to try again
+
+    def ensure(self) -> str:
+        """Makes the cgroup if it is gone and notes its id; its nft path, "" without."""
+        self.path = stepd_cgroup(self.fs)
+        self.ino = (self.fs / self.path).stat().st_ino if self.path else 0
+        return self.path
+
+    def failed(self, retry_after: float = 60.0) -> None:
+        self.path, self.ino = "", 0
+        self.retry_at = time.monotonic() + retry_after
+
+    def moved(self) -> bool:
+        if not self.path:
+            return bool(self.retry_at) and time.monotonic() >= self.retry_at
+        try:
+            return (self.fs / self.path).stat().st_ino != self.ino
+        except OSError:
+            return True
+
+
 class Firewall:
     def __init__(
         self,
@@ -250,22 +282,23 @@ class Firewall:
         self.egress_gateway = egress_gateway
         self.underlay_interface = underlay_interface
         self.gateway_node = gateway_node
-        self.stepd_cgroup = self._stepd_cgroup(cgroup_fs) if cgroup_fs else ""
+        stepd = StepdCgroup(cgroup_fs) if cgroup_fs else None
+        self.stepd = stepd if stepd is not None and self._stepd_supported(stepd) else None
 
-    def _stepd_cgroup(self, fs: Path) -> str:
-        """STEPD_CGROUP, if the kernel and nft match sockets by cgroup v2 (Linux >= 5.13):
-        else steps on the host network cannot reach srun in a pod (the filter drops them
-        as any user socket), which the log says once."""
+    def _stepd_supported(self, stepd: StepdCgroup) -> bool:
+        """The kernel and nft match sockets by cgroup v2 (Linux >= 5.13), and there is a
+        cgroup v2 hierarchy: else steps on the host network cannot reach srun in a pod
+        (the filter drops them as any user socket), which the log says once."""
         try:
-            path = stepd_cgroup(fs)
+            path = stepd.ensure()
         except OSError as e:
             log.warning(
                 "no cgroup %s (%s): opt-out steps cannot reach srun in a pod", STEPD_CGROUP, e
             )
-            return ""
+            return False
         if not path:
             log.warning("no cgroup v2 hierarchy: opt-out steps cannot reach srun in a pod")
-            return ""
+            return False
         probe = (
             "add table inet podnet_probe\n"
             "add chain inet podnet_probe c\n"
@@ -282,8 +315,12 @@ class Firewall:
                 "nft cannot match sockets by cgroup (%s): opt-out steps cannot reach srun in a pod",
                 str(err).strip().splitlines()[0] if str(err).strip() else rc,
             )
-            return ""
-        return path
+            return False
+        return True
+
+    def stepd_moved(self) -> bool:
+        """STEPD_CGROUP is gone or is another cgroup than the rules name: resync."""
+        return self.stepd is not None and self.stepd.moved()
 
     def _cmd(self, text: str) -> None:
         with self.lock:
@@ -298,8 +335,8 @@ class Firewall:
             raise FirewallError(f"nft: {str(err).strip()}")
 
     def resync(self, vteps: list[str], ports: list[tuple[str, str, str]]) -> None:
-        self._cmd(
-            ruleset(
+        def rules(stepd: str) -> str:
+            return ruleset(
                 self.pod_cidr,
                 self.vxlan_port,
                 self.allowed,
@@ -310,9 +347,26 @@ class Firewall:
                 self.egress_gateway,
                 self.underlay_interface,
                 self.gateway_node,
-                self.stepd_cgroup,
+                stepd,
             )
+
+        if self.stepd is None:
+            self._cmd(rules(""))
+            return
+        err: Exception | None = None
+        for _attempt in range(3):
+            try:
+                self._cmd(rules(self.stepd.ensure()))
+                self.stepd.retry_at = 0.0
+                return
+            except (OSError, FirewallError) as e:  # made, then removed before nft read it
+                err = e
+        # never fail the node for it: the isolation rules load without the exception
+        log.warning(
+            "cgroup %s unusable (%s): rules loaded without it, retried in 60 s", STEPD_CGROUP, err
         )
+        self.stepd.failed()
+        self._cmd(rules(""))
 
     def _ports(self, verb: str, items: list[tuple[str, str, str]]) -> None:
         if not items:
