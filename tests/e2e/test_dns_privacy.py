@@ -85,7 +85,7 @@ def _ask(w: dict[str, Any], queries: list[str], dns: str | None = None) -> str:
     lines = ["set -f"]  # no globbing of "*.alice..."
     for q in queries:
         lines.append(
-            f"printf 'Q %s | ' '{q}'; dig +time=3 +tries=2 @{server} {q} "
+            f"printf 'Q %s | ' '{q}'; dig +time=3 +tries=2 +noall +comments +answer @{server} {q} "
             "| awk '/status:/ {match($0, /status: [A-Z]+/); "
             "s = substr($0, RSTART + 8, RLENGTH - 8)}"
             ' !/^;/ && NF >= 5 {a = a " " $NF} END {print s a}\''
