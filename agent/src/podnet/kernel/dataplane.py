@@ -284,9 +284,13 @@ class Dataplane:
             raise
 
     def discard(self, ns: NewNetns) -> None:
-        """Undo `new_netns` (the allocation failed)."""
+        """Undo `new_netns` (the allocation failed); a foreign namespace lives on, without
+        the veth."""
         ns.nl.close()
-        self.remove_pod(ns.name, None)
+        if ns.foreign:
+            self.remove_pod(ns.name, None, ns.veth, pid_namespace=False)
+        else:
+            self.remove_pod(ns.name, None)
 
     def wire_pod(
         self, ns: NewNetns, spec: PodSpec, search: list[str], dns_servers: list[str]

@@ -19,6 +19,7 @@ from podnet.config import ClusterConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.kernel.firewall import Firewall
+from podnet.kernel.nsscan import NsId
 from podnet.names import login_label
 from podnet.state.alloc import Job
 
@@ -45,6 +46,13 @@ class Pod:
     pid: int = 0
     pid_start: int = 0
     source: str = ""
+    #: the quota slots it holds (state/quota.py; logins and containers of limited users)
+    slots: dict[str, int] = field(default_factory=dict)
+    #: a container's network namespace as podnetd wired it (node/collect.py): nsfs device
+    #: and inode, its cookie; whether a process was seen in it since podnetd started
+    ns_id: NsId | None = None
+    ns_cookie: int = 0
+    ns_seen: bool = False
 
     @property
     def foreign_netns(self) -> bool:
@@ -53,7 +61,7 @@ class Pod:
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("veth", "vni", "pid_start"):
+        for k in ("veth", "vni", "pid_start", "slots", "ns_id", "ns_cookie", "ns_seen"):
             d.pop(k, None)
         if self.kind != "container":
             for k in ("container_id", "ifname", "pid", "source"):
