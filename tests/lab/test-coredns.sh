@@ -101,6 +101,7 @@ ectl put /skydns/lab/alice/5/pod0 '{"host":"198.18.0.9","ttl":30}'
 ectl put /skydns/arpa/in-addr/198/18/0/9 '{"host":"pod0.5.alice.lab","ttl":30}'
 ectl put /skydns/lab/bob/login/login '{"host":"198.18.0.20","ttl":30}'
 ectl put /skydns/arpa/in-addr/198/18/0/20 '{"host":"login.login.bob.lab","ttl":30}'
+ectl put /skydns/lab/alice/notes '{"text":"alice-secret-project"}'
 # the site's public names: a service, and one that points at alice's pod
 ectl put /skydns/lab/svc/nfs '{"host":"198.51.100.10"}'
 ectl put /skydns/lab/svc/web '{"host":"pod0.myjob.alice.lab"}'
@@ -229,6 +230,10 @@ check "bob: wildcard any.lab lists his own and public addresses only" "198.18.0.
 check "bob: the apex lab lists his own and public addresses only" "198.18.0.20 198.51.100.10" "$(q b lab A)"
 check "bob: a partial reverse name lists none of alice's" "" "$(q b 0.18.198.in-addr.arpa A | grep -o alice || true)"
 check "bob: a public name pointing at alice's pod is NXDOMAIN" "NXDOMAIN" "$(st b web.svc.lab A)"
+check "bob: TXT of alice's notes is NXDOMAIN" "NXDOMAIN" "$(st b notes.alice.lab TXT)"
+check "bob: a key path in one label (alice/notes.lab) is NXDOMAIN" "NXDOMAIN" \
+    "$(st b 'alice/notes.lab' TXT)"
+check "bob: ... and yields no text of hers" "" "$(q b 'alice/notes.lab' TXT)"
 check "bob: getent hosts of alice's name fails (exit 2)" "2" \
     "$(run b getent hosts pod0.myjob.alice.lab >/dev/null; echo $?)"
 check "host-side: wildcard *.lab lists public addresses only" "198.51.100.10" "$(q h '*.lab' A)"

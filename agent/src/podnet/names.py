@@ -145,6 +145,10 @@ class Keys:
     def login(self, node: str, user: str) -> str:
         return f"{self.root}logins/{node}/{user}"
 
+    def quota(self, user: str, kind: str, slot: int | None = None) -> str:
+        """A user's quota slot of a kind (state/quota.py); None: the prefix of them all."""
+        return f"{self.root}quota/{user}/{kind}/" + ("" if slot is None else str(slot))
+
     def job_node(self, job_id: int, node: str) -> str:
         return f"{self.root}jobnodes/{job_id}/{node}"
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import pwd
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -18,6 +19,7 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.errors import PodnetError
 from podnet.kernel.nl import mac_for_ip as nl_mac
 from podnet.node.pods import Pod
+from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
@@ -83,6 +85,8 @@ class Ops(Protocol):
     def list_pods(self, uid: int | None) -> list[Pod]: ...
 
     def status(self) -> dict[str, Any]: ...
+
+    def quota_usage(self, uid: int) -> dict[str, Any]: ...
 
     def publish(self, uid: int, root: bool, job: str, pod: int, port: int) -> dict[str, Any]: ...
 
@@ -155,6 +159,7 @@ class Handler:
             "join": self.join,
             "pods": self.pods,
             "status": self.status,
+            "quota": self.quota,
             "publish": self.publish,
             "unpublish": self.unpublish,
             "published": self.published,
@@ -183,6 +188,8 @@ class Handler:
             if fn is None:
                 raise PodnetError("EINVAL", f"unknown op {op!r}")
             return {"v": VERSION, "ok": True, **fn(peer, req)}
+        except QuotaExceeded as e:
+            return _err(e.code, e.message, quota=e.details())
         except PodnetError as e:
             return _err(e.code, e.message)
         except (EtcdUnavailable, EtcdRequestError) as e:
@@ -279,6 +286,17 @@ class Handler:
         del peer, req
         return self.agent.status()
 
+    def quota(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
+        """The caller's usage against each quota (root: any user's, `user`)."""
+        uid = peer.uid
+        if peer.root and "user" in req:
+            name = _name(req, "user", 32)
+            try:
+                uid = pwd.getpwnam(name).pw_uid
+            except KeyError:
+                raise PodnetError("ENOENT", f"no user {name!r} on this node") from None
+        return {"quota": self.agent.quota_usage(uid)}
+
     # -- containers (containers.py; the podnet CNI plugin and podnet-container) ----------
     def _container_args(self, req: dict[str, Any]) -> tuple[str, str]:
         return _name(req, "container_id", 1024), _name(req, "ifname", 15)
@@ -368,5 +386,5 @@ class Handler:
         return {"published": self.agent.published(None if peer.root else peer.uid)}
 
 
-def _err(code: str, message: str) -> dict[str, Any]:
-    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message}}
+def _err(code: str, message: str, **more: Any) -> dict[str, Any]:
+    return {"v": VERSION, "ok": False, "error": {"code": code, "message": message, **more}}

@@ -46,7 +46,7 @@ from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
-from podnet.state import publish
+from podnet.state import publish, quota
 from podnet.state.alloc import Allocator, AllocError
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
@@ -285,15 +285,72 @@ class Agent:
                 return pod
             vni, bri = r.nets.ensure(user, uid)
             try:
-                ip = r.alloc.allocate_login(self.cfg.node, user, uid, vni, r.lease.id)
+                ip, slots = r.alloc.allocate_login(
+                    self.cfg.node, user, uid, vni, r.lease.id, self.login_limits(uid)
+                )
             except AllocError as e:
+                r.nets.release(vni, uid)
                 raise PodnetError("EUNAVAIL", str(e)) from None
+            except BaseException:
+                r.nets.release(vni, uid)
+                raise
             pod = Pod.of_login(
                 self.cfg.node, user, uid, ip, vni, name, str(r.dp.netns_path(name)), r.cc
             )
+            pod.slots = slots
             r.wiring.build(pod, [f"{user}.{r.cc.zone}"], r.wiring.new_netns(name, bri))
             self.pods.add(pod)
         return pod
+
+    # -- quotas (state/quota.py) -------------------------------------------------------
+    def limited(self, uid: int) -> bool:
+        """Whether quotas apply to `uid`: not to root nor to the node's host_users."""
+        return uid != 0 and uid not in self.cfg.host_uids
+
+    def login_limits(self, uid: int) -> dict[str, int] | None:
+        """The cluster-wide limits a login pod of `uid` counts against (None: none)."""
+        if not self.limited(uid):
+            return None
+        q = quota.Limits.of(self.cluster)
+        return {"logins": q.logins, "addresses": q.addresses}
+
+    def quota_usage(self, uid: int) -> dict[str, Any]:
+        """What `uid` holds against each quota (`podnet status`)."""
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            raise PodnetError("EINVAL", f"uid {uid} has no user name") from None
+        if not self.limited(uid):
+            return {"user": user, "limited": False, "limits": []}
+        q = quota.Limits.of(self.cluster)
+        used = self.rooms.alloc.slots.usage(user, ("containers", "addresses", "logins"))
+        here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
+        rows = [
+            ("containers_per_node", q.containers_per_node, here, self.cfg.node),
+            ("containers", q.containers, used["containers"], ""),
+            ("logins", q.logins, used["logins"], ""),
+            ("addresses", q.addresses, used["addresses"], ""),
+        ]
+        published = self._published_quota(user)
+        if published is not None:
+            rows.append(("published", *published, ""))
+        return {
+            "user": user,
+            "limited": True,
+            "limits": [
+                {"limit": k, "label": quota.LABELS[k], "value": v, "held": h, "node": n}
+                for k, v, h, n in rows
+            ],
+        }
+
+    def _published_quota(self, user: str) -> tuple[int, int] | None:
+        """(limit, held) of published ports; None without a gateway."""
+        try:
+            publish.gateway_config(self.etcd, self.keys)
+            limit = publish.limit_of(self.etcd, self.keys, user)
+        except PodnetError:
+            return None
+        return limit, len(self.rooms.alloc.slots.live(user, "published"))
 
     def login_release(self, uid: int) -> bool:
         r = self.rooms

@@ -45,6 +45,8 @@ class Pod:
     pid: int = 0
     pid_start: int = 0
     source: str = ""
+    #: the quota slots it holds (state/quota.py; logins and containers of limited users)
+    slots: dict[str, int] = field(default_factory=dict)
 
     @property
     def foreign_netns(self) -> bool:
@@ -53,7 +55,7 @@ class Pod:
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("veth", "vni", "pid_start"):
+        for k in ("veth", "vni", "pid_start", "slots"):
             d.pop(k, None)
         if self.kind != "container":
             for k in ("container_id", "ifname", "pid", "source"):

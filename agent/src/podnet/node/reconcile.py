@@ -36,6 +36,7 @@ from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
+from podnet.state import quota
 from podnet.state.alloc import Allocator, AllocError, Job
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
@@ -251,12 +252,13 @@ class Reconciler:
         pod = Pod.of_login(
             self.cfg.node, user, uid, ip, vni, name, str(self.dp.netns_path(name)), self.cc, veth
         )
+        pod.slots = quota.slots_of(kv.json()) if kv else {}
         self.republish_login(pod)
         return pod
 
     def republish_login(self, p: Pod) -> None:
-        self.etcd.put_many(
-            self.alloc.login_record_ops(self.cfg.node, p.user, p.uid, p.vni, p.ip, self.lease_id())
+        p.slots = self.alloc.republish_login(
+            self.cfg.node, p.user, p.uid, p.vni, p.ip, self.lease_id(), p.slots
         )
 
     def after_lease_loss(self) -> None:

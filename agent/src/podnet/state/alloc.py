@@ -21,7 +21,7 @@ from typing import Any
 
 from podnet.errors import PodnetError
 from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
-from podnet.state import store
+from podnet.state import quota, store
 from podnet.state.ipam import Ipam, PoolExhausted
 from podnet.state.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
@@ -94,6 +94,11 @@ class Allocator:
     vni_min: int
     vni_max: int
     node_ips: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> quota.Slots:
+        """Users' quota slots (state/quota.py)."""
+        return quota.Slots(self.etcd, self.keys)
 
     # -- users -------------------------------------------------------------------------
     def user_vni(self, user: str, uid: int) -> int:
@@ -520,35 +525,57 @@ class Allocator:
         return None, r
 
     # -- logins ------------------------------------------------------------------------
-    def allocate_login(self, node: str, user: str, uid: int, vni: int, lease: int) -> str:
-        """The login IP of `user` on `node` (on `lease`); idempotent."""
+    def allocate_login(
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        lease: int,
+        limits: dict[str, int] | None = None,
+    ) -> tuple[str, dict[str, int]]:
+        """The login IP of `user` on `node` (on `lease`) and the quota slots it holds;
+        idempotent. `limits` (kind -> limit: `logins`, `addresses`; None: not limited)
+        are taken in the same transaction (QuotaExceeded when one is full)."""
         key = self.keys.login(node, user)
         for attempt in range(MAX_ATTEMPTS):
             kv = self.etcd.get(key)
             if kv:
-                return str(kv.json()["ip"])
-            ip, _r = self._place(
-                node,
-                lambda ip: (
-                    [cmp_absent(key)],
-                    self.login_record_ops(node, user, uid, vni, ip, lease),
-                ),
-                [],
-            )
+                d = kv.json()
+                return str(d["ip"]), quota.slots_of(d)
+            claim = self.slots.claim(user, limits or {}, key, lease)
+
+            def records(
+                ip: str, claim: quota.Claim = claim
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                ops = self.login_record_ops(node, user, uid, vni, ip, lease, claim.slots)
+                return [cmp_absent(key), *claim.compare], [*claim.ops, *ops]
+
+            ip, _r = self._place(node, records, [])
             if ip is not None:
-                return ip
+                return ip, claim.slots
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate a login address for {user} (contention)")
 
     def login_record_ops(
-        self, node: str, user: str, uid: int, vni: int, ip: str, lease: int
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        ip: str,
+        lease: int,
+        slots: dict[str, int] | None = None,
     ) -> list[dict[str, Any]]:
-        """The keys of a login pod, all on the node's lease: `logins/<node>/<user>`, its
-        IP, `<node>.login.<user>.<zone>` and the PTR."""
+        """The keys of a login pod, all on the node's lease: `logins/<node>/<user>` (with
+        the quota slots it holds), its IP, `<node>.login.<user>.<zone>` and the PTR."""
         label = login_label(node)
+        record: dict[str, Any] = {"ip": ip, "uid": uid}
+        if slots:
+            record["slots"] = slots
         return [
-            op_put(self.keys.login(node, user), {"ip": ip, "uid": uid}, lease),
+            op_put(self.keys.login(node, user), record, lease),
             op_put(
                 self.keys.ip(ip), {"kind": "login", "node": node, "user": user, "vni": vni}, lease
             ),
@@ -562,18 +589,47 @@ class Allocator:
             ),
         ]
 
+    def republish_login(
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        ip: str,
+        lease: int,
+        slots: dict[str, int],
+    ) -> dict[str, int]:
+        """A live login pod's records again (adoption after a restart, the node's new
+        lease), with its quota slots (kept, or others if another login took them while
+        the records were gone: a live pod is never refused). Returns the slots."""
+        key = self.keys.login(node, user)
+        for attempt in range(MAX_ATTEMPTS):
+            kv = self.etcd.get(key)
+            held = quota.slots_of(kv.json()) if kv else {}
+            claim = self.slots.keep(user, held or slots, key, lease)
+            r = self.etcd.txn(
+                claim.compare,
+                [*claim.ops, *self.login_record_ops(node, user, uid, vni, ip, lease, claim.slots)],
+            )
+            if r.succeeded:
+                return claim.slots
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not write the login records of {user} (contention)")
+
     def release_login(self, node: str, user: str) -> None:
         key = self.keys.login(node, user)
         kv = self.etcd.get(key)
         if not kv:
             return
-        ip = str(kv.json()["ip"])
+        d = kv.json()
+        ip = str(d["ip"])
         self.etcd.put_many(
             [
                 op_delete(key),
                 op_delete(self.keys.ip(ip)),
                 op_delete(ptr_key(ip)),
                 op_delete(f"{zone_path(self.zone)}/{user}/login/{login_label(node)}"),
+                *self.slots.release_ops(user, quota.slots_of(d)),
             ]
         )
         self.ipam.mark([ip], used=False)

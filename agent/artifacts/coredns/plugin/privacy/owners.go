@@ -207,7 +207,7 @@ func vniOf(value []byte) (uint32, bool) {
 	var r struct {
 		VNI *uint32 `json:"vni"`
 	}
-	if err := json.Unmarshal(value, &r); err != nil || r.VNI == nil {
+	if err := json.Unmarshal(value, &r); err != nil || r.VNI == nil || *r.VNI == noVNI {
 		return 0, false
 	}
 	return *r.VNI, true

@@ -78,7 +78,7 @@ const (
 	owned               // a user's name, or a pod address's reverse name
 	listing             // a wildcard label where a user label would be, a partial reverse name
 	apex                // a zone's own name (exists for everyone)
-	denied              // unanswerable for non-admins (an escaped user label)
+	denied              // unanswerable for non-admins (a "/" or an escape in the name)
 )
 
 type class struct {
@@ -104,14 +104,14 @@ func (p *Privacy) ServeDNS(ctx context.Context, w dns.ResponseWriter, r *dns.Msg
 	if zone == "" {
 		return plugin.NextOrFailure(p.Name(), p.Next, ctx, w, r)
 	}
+	v := p.viewOf(w)
+	if v.admin {
+		return plugin.NextOrFailure(p.Name(), p.Next, ctx, w, r)
+	}
 	if !p.owners.synced.Load() {
 		// fail closed: nothing is known about who owns what yet
 		deniedCount.WithLabelValues(metrics.WithServer(ctx), "unsynced").Inc()
 		return dns.RcodeServerFailure, nil
-	}
-	v := p.viewOf(w)
-	if v.admin {
-		return plugin.NextOrFailure(p.Name(), p.Next, ctx, w, r)
 	}
 	p.owners.mu.RLock()
 	c := p.classify(qname, zone)
@@ -176,6 +176,11 @@ func addrPort(a net.Addr) (netip.AddrPort, string) {
 // classify tells whose a (lower-case, fully qualified) name of zone is; the caller holds
 // owners.mu (read).
 func (p *Privacy) classify(name, zone string) class {
+	if strings.ContainsAny(name, "/\\") {
+		// the etcd plugin joins labels into a key path: "x/../../alice" under bob's label
+		// would walk into alice's records; an escaped character (a dot in a label) too
+		return class{kind: denied}
+	}
 	if name == zone {
 		return class{kind: apex}
 	}
@@ -192,11 +197,8 @@ func (p *Privacy) classify(name, zone string) class {
 	}
 	rest := strings.TrimSuffix(name[:len(name)-len(zone)], ".")
 	label := rest[strings.LastIndexByte(rest, '.')+1:]
-	switch {
-	case label == "*" || label == "any": // the etcd plugin's wildcards
+	if label == "*" || label == "any" { // the etcd plugin's wildcards
 		return class{kind: listing}
-	case strings.ContainsRune(label, '\\'):
-		return class{kind: denied}
 	}
 	if vni, ok := p.owners.user(label); ok {
 		return class{kind: owned, vni: vni, known: vni != noVNI}

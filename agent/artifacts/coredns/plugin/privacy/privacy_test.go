@@ -155,6 +155,11 @@ func TestViews(t *testing.T) {
 		{aliceIP, "stale.svc.lab.", dns.TypeA, "NXDOMAIN "}, // a pod address nobody owns
 		{aliceIP, "x.gone.lab.", dns.TypeA, "NXDOMAIN "},    // a user record deleted: nobody's
 		{"127.0.0.1", "pod0.myjob.alice.lab.", dns.TypeA, "NXDOMAIN "},
+		// key paths: "/" walks the etcd plugin's keys, escapes hide dots
+		{bobIP, "x/../../alice/myjob/pod0.bob.lab.", dns.TypeA, "NXDOMAIN "},
+		{bobIP, "pod0.myjob/alice.lab.", dns.TypeA, "NXDOMAIN "},
+		{bobIP, `pod0.myjob.alice\.x.lab.`, dns.TypeA, "NXDOMAIN "},
+		{aliceIP, "x/../pod0.myjob.alice.lab.", dns.TypeA, "NXDOMAIN "},
 	} {
 		if got := answers(ask(t, p, tc.from, tc.name, tc.qtype)); got != tc.want {
 			t.Errorf("%s %s from %s: got %q, want %q", tc.name, dns.TypeToString[tc.qtype], tc.from, got, tc.want)
