@@ -5,15 +5,22 @@
  * plugin's one state (struct pn_spank, podnet_spank.h) to its context's file.
  *
  *   srun, sbatch, salloc  init: --podnet=yes|no, --podnet-image   _opts.c
- *   extern step           init_post_opt: job_up; exit: job_down   _extern.c
+ *   extern step           init_post_opt: job_up; exit: job_down
+ *                         (Slurm >= 24.11)                        _extern.c
  *   batch step, step 0..N init_post_opt: job_get (job_up if the
  *                         pod is missing), setns() before the MPI
- *                         plugin's threads and the task forks     _step.c
- *   the tasks             user_init, task_post_fork: the PID
- *                         namespace; task_init_privileged: in the
- *                         pod or fail; task_init: the image       _task.c
+ *                         plugin's threads and the task forks;
+ *                         on the host network (--podnet=no, or no
+ *                         pod): slurmstepd in the cgroup
+ *                         podnet-stepd until user_init            _step.c
+ *   the tasks             user_init: out of podnet-stepd; with
+ *                         task_post_fork: the PID namespace;
+ *                         task_init_privileged: in the pod (not
+ *                         in podnet-stepd) or fail; task_init:
+ *                         the image                               _task.c
  *   slurmd                job_prolog: the --podnet=no marker;
- *                         job_epilog: job_down (safety net)       _job_script.c
+ *                         job_epilog: job_down (safety net; the
+ *                         pod's end before Slurm 24.11)           _job_script.c
  *
  * docs/roles/spank.md says why each step is where it is (measured on Slurm
  * 24.11). Built with hidden visibility: only what this file marks (the

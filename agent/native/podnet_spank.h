@@ -14,7 +14,9 @@
  *   podnet_spank_extern.c      slurmstepd of the extern step: the pod up at
  *                              the job's start, down at its end
  *   podnet_spank_step.c        slurmstepd of the batch, interactive and srun
- *                              steps: into the pod before any thread or task
+ *                              steps: into the pod before any thread or task;
+ *                              on the host network, in the cgroup
+ *                              podnet-stepd until the tasks fork
  *   podnet_spank_task.c        the task callbacks: the tasks' PID namespace,
  *                              the check that a task is in its pod, the image
  *   podnet_spank_job_script.c  the job prolog and epilog (slurmd)
@@ -63,6 +65,12 @@ struct pn_spank {
 	ino_t pidns_ino;
 	int pid_moved;               /* tasks fork into the pod's PID namespace */
 	int pid_native;              /* slurmstepd is in it already (namespace/linux) */
+	/* slurmstepd of a step on the host network: in the cgroup
+	 * podnet-stepd from init_post_opt to user_init (podnet_spank_step.c) */
+	const char *cg_mnt;          /* cgroup2 mount holding podnet-stepd */
+	char cg_home[PATH_MAX];      /* slurmstepd's own cgroup (under cg_mnt) */
+	pid_t cg_pid;                /* slurmstepd, to move back */
+	int cg_moved;
 };
 
 #define PNS_INIT                                                             \
@@ -121,6 +129,14 @@ void pns_set_pending(struct pn_spank *st, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Is the calling process in the pod's PID namespace? */
 int pns_in_pod_pidns(const struct pn_spank *st);
+/* the cgroup whose sockets podnetd's host-side filter lets reach pods (it
+ * makes it, only root can join): slurmstepd of a step on the host network */
+#define PN_STEPD_CGROUP "podnet-stepd"
+/* slurmstepd back from the cgroup podnet-stepd to its own, before the tasks
+ * fork (user_init); -1 (logged): it could not, the step must start no task */
+int pns_stepd_cgroup_leave(struct pn_spank *st);
+/* Is the calling process in the cgroup podnet-stepd (or below it)? */
+int pns_in_stepd_cgroup(void);
 
 /* ---- podnet_spank_task.c ---- */
 int pns_task_init_privileged(struct pn_spank *st, spank_t sp);

@@ -2,7 +2,8 @@
 /*
  * podnet_spank_extern.c - slurmstepd of the job's extern step (root), on
  * every node of the job before any other step: the pod up (job_up) in
- * init_post_opt, down (job_down) at exit. With Slurm's namespace/linux the
+ * init_post_opt, down (job_down) at exit (Slurm >= 24.11; before, the job
+ * epilog takes it down). With Slurm's namespace/linux the
  * job's PID namespace becomes the pod's.
  */
 #ifndef _GNU_SOURCE
@@ -134,7 +135,8 @@ void pns_extern_up(struct pn_spank *st, spank_t sp, uint32_t job_id)
 	}
 }
 
-/* slurm_spank_exit in slurmstepd: only the extern step's ends the pod */
+/* slurm_spank_exit in slurmstepd: only the extern step's ends the pod (before
+ * 24.11 none: the job epilog does, podnet_spank_slurm.h) */
 int pns_extern_exit(struct pn_spank *st, spank_t sp)
 {
 	uint32_t job_id = 0, step_id = 0;
@@ -142,7 +144,7 @@ int pns_extern_exit(struct pn_spank *st, spank_t sp)
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
 	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS)
 		return 0;
-	if (step_id == SLURM_EXTERN_CONT) {
+	if (step_id == SLURM_EXTERN_CONT && PNS_EXTERN_EXIT_ENDS_POD) {
 		pns_job_down(&st->cfg, job_id);
 		pns_optout_clear(job_id);
 	}

@@ -25,6 +25,13 @@
 #define SLURM_INTERACTIVE_STEP (0xfffffffa)
 #endif
 
+/* Slurm 22.05 ends the extern step together with the others: the pod goes in
+ * the job epilog, which slurmd runs once every step has ended (the batch step
+ * reports its end to slurmctld from the pod); since 24.11 the extern step's
+ * exit ends it */
+#define PNS_EXTERN_EXIT_ENDS_POD \
+	(SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(24, 11, 0))
+
 /* slurm_hostlist_create's handle: hostlist_t (a pointer type) up to 23.02,
  * hostlist_t * (hostlist_t the struct) since 23.11 */
 typedef __typeof__(slurm_hostlist_create(NULL)) pns_hostlist_t;

@@ -5,7 +5,8 @@
  * salloc's interactive step and every srun step put slurmstepd's main thread
  * into the pod (job_get, job_up if the pod is missing, setns) BEFORE the MPI
  * plugin starts its threads and before the tasks fork, and open the pod's PID
- * namespace for the task forks (podnet_spank_task.c).
+ * namespace for the task forks (podnet_spank_task.c). A step left on the
+ * host network keeps slurmstepd in the cgroup podnet-stepd until user_init.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -13,6 +14,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <sched.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -193,6 +195,140 @@ static void step_join(struct pn_spank *st, spank_t sp, uint32_t job_id,
 	open_pidns(st);
 }
 
+/*
+ * A step whose slurmstepd stays on the node's host network (--podnet=no, or a
+ * pod it could not join): Slurm opens the step's connections to srun (IO, the
+ * --pty terminal) with the user's effective uid, and srun in a login or job
+ * pod is behind podnetd's host-side filter, which drops every user socket to
+ * the pod network ("Slurmd could not connect IO"). The filter accepts sockets
+ * created in the cgroup PN_STEPD_CGROUP (podnet_spank.h), which podnetd
+ * creates and only root can join: slurmstepd is in it from init_post_opt
+ * (before Slurm opens those connections) to user_init (before it forks the
+ * tasks). The tasks are born in slurmstepd's own cgroup and stay filtered
+ * (task_init_privileged checks).
+ */
+static const char *const cg_mounts[] = { "/sys/fs/cgroup",
+					 "/sys/fs/cgroup/unified" };
+
+/* the caller's cgroup v2 path ("0::/path" in /proc/self/cgroup) */
+static int own_cgroup(char *out, size_t sz)
+{
+	char line[PATH_MAX + 8];
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	int rc = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		size_t l = strlen(line);
+
+		if (strncmp(line, "0::", 3) != 0)
+			continue;
+		while (l && line[l - 1] == '\n')
+			line[--l] = '\0';
+		if (strlen(line + 3) < sz) {
+			snprintf(out, sz, "%s", line + 3);
+			rc = 0;
+		}
+		break;
+	}
+	fclose(f);
+	return rc;
+}
+
+static int cg_write_pid(const char *dir, pid_t pid, char *why, size_t whysz)
+{
+	char path[PATH_MAX + 32];
+	int fd, rc = 0;
+
+	if (snprintf(path, sizeof(path), "%s/cgroup.procs", dir) >=
+	    (int) sizeof(path)) {
+		snprintf(why, whysz, "%s: path too long", dir);
+		return -1;
+	}
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || dprintf(fd, "%d\n", (int) pid) < 0) {
+		snprintf(why, whysz, "%s: %s", path, strerror(errno));
+		rc = -1;
+	}
+	if (fd >= 0 && close(fd) < 0 && !rc) {
+		snprintf(why, whysz, "%s: %s", path, strerror(errno));
+		rc = -1;
+	}
+	return rc;
+}
+
+/* slurmstepd (root) into PN_STEPD_CGROUP; without it (podnetd made none: no
+ * cgroup v2) the step runs as before, and srun in a pod gets no IO */
+static void stepd_cgroup_enter(struct pn_spank *st, uint32_t job_id,
+			       uint32_t step_id)
+{
+	char dir[PATH_MAX], why[PATH_MAX + 64];
+	size_t i;
+
+	if (own_cgroup(st->cg_home, sizeof(st->cg_home)) < 0)
+		return;
+	for (i = 0; i < sizeof(cg_mounts) / sizeof(cg_mounts[0]); i++) {
+		struct stat s;
+
+		snprintf(dir, sizeof(dir), "%s/" PN_STEPD_CGROUP, cg_mounts[i]);
+		if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode)) {
+			st->cg_mnt = cg_mounts[i];
+			break;
+		}
+	}
+	if (!st->cg_mnt) {
+		slurm_info("podnet: job %u step %u: no cgroup " PN_STEPD_CGROUP
+			   " (podnetd: no cgroup v2): srun in a pod cannot "
+			   "reach this step", job_id, step_id);
+		return;
+	}
+	st->cg_pid = getpid();
+	if (cg_write_pid(dir, st->cg_pid, why, sizeof(why)) < 0) {
+		slurm_error("podnet: job %u step %u: %s", job_id, step_id, why);
+		return;
+	}
+	st->cg_moved = 1;
+}
+
+int pns_stepd_cgroup_leave(struct pn_spank *st)
+{
+	char dir[2 * PATH_MAX], why[2 * PATH_MAX + 64];
+	uid_t euid = geteuid();
+	int rc;
+
+	if (!st->cg_moved)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s%s", st->cg_mnt, st->cg_home);
+	if (euid != 0 && seteuid(0) < 0) {
+		slurm_error("podnet: seteuid(0): %s", strerror(errno));
+		return -1;
+	}
+	rc = cg_write_pid(dir, st->cg_pid, why, sizeof(why));
+	if (euid != 0 && seteuid(euid) < 0) {
+		slurm_error("podnet: seteuid(%u): %s", (unsigned) euid,
+			    strerror(errno));
+		return -1; /* never go on as root */
+	}
+	if (rc < 0) {
+		slurm_error("podnet: cannot return slurmstepd to its cgroup: "
+			    "%s", why);
+		return -1;
+	}
+	st->cg_moved = 0;
+	return 0;
+}
+
+int pns_in_stepd_cgroup(void)
+{
+	char cg[PATH_MAX];
+	size_t n = strlen("/" PN_STEPD_CGROUP);
+
+	return own_cgroup(cg, sizeof(cg)) == 0 &&
+	       !strncmp(cg, "/" PN_STEPD_CGROUP, n) &&
+	       (cg[n] == '\0' || cg[n] == '/');
+}
+
 /* slurm_spank_init_post_opt in slurmstepd */
 int pns_step_post_opt(struct pn_spank *st, spank_t sp)
 {
@@ -207,6 +343,10 @@ int pns_step_post_opt(struct pn_spank *st, spank_t sp)
 		pns_extern_up(st, sp, job_id);
 	else
 		step_join(st, sp, job_id, step_id);
+	/* on the host network, srun may be in a pod (see stepd_cgroup_enter) */
+	if (!st->joined && step_id != SLURM_EXTERN_CONT &&
+	    step_id != SLURM_BATCH_SCRIPT)
+		stepd_cgroup_enter(st, job_id, step_id);
 	/* Never fail here: a failing batch step drains the node and requeues
 	 * the job, and srun only prints "Plugin initialization failed".
 	 * Errors are reported in task_init_privileged, where the task's

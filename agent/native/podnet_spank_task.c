@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * podnet_spank_task.c - the task callbacks of a step's slurmstepd:
- *   user_init            (slurmstepd, before the task forks) into the pod's
- *                        PID namespace, so that the tasks are born in it
+ *   user_init            (slurmstepd, before the task forks) out of the
+ *                        cgroup podnet-stepd; into the pod's PID namespace,
+ *                        so that the tasks are born in it
  *   task_post_fork       (slurmstepd, after them) back to its own
- *   task_init_privileged (the task, root) the task is in the pod, or it
- *                        fails with a readable message; the pod's resolver
+ *   task_init_privileged (the task, root) the task is in the pod (and not
+ *                        in the cgroup podnet-stepd), or it fails with a
+ *                        readable message; the pod's resolver
  *                        and /proc
  *   task_init            (the task, as the user) --podnet-image: the task's
  *                        program runs in the image
@@ -38,6 +40,12 @@ int pns_task_init_privileged(struct pn_spank *st, spank_t sp)
 {
 	int task = -1;
 
+	if (pns_in_stepd_cgroup()) {
+		/* a task there would reach pods from the host network */
+		slurm_error("podnet: task in cgroup " PN_STEPD_CGROUP
+			    " (slurmstepd did not leave it); not started");
+		return -1;
+	}
 	if (st->opt_out)
 		return 0;
 	(void) spank_get_item(sp, S_TASK_ID, &task);
@@ -139,7 +147,9 @@ int pns_task_init(struct pn_spank *st, spank_t sp)
 
 /*
  * slurmstepd's main thread, as the user (euid), right before it forks the
- * tasks: from here its children are born in the pod's PID namespace.
+ * tasks: out of the cgroup podnet-stepd if a step on the host network put it
+ * there (podnet_spank_step.c); from here its children are born in the pod's
+ * PID namespace.
  * setns() needs CAP_SYS_ADMIN: the saved uid is root, so the effective uid
  * goes back to root for the call only.
  */
@@ -148,6 +158,8 @@ int pns_user_init(struct pn_spank *st)
 	uid_t euid = geteuid();
 	int rc, err;
 
+	if (pns_stepd_cgroup_leave(st) < 0)
+		return -1;
 	if (st->pidns_fd < 0 || st->pid_moved || st->pid_native)
 		return 0;
 	if (euid != 0 && seteuid(0) < 0) {
