@@ -111,7 +111,7 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
         "ANSIBLE_ROLES_PATH": str(tmp_path / "none"),
     }
     # from outside the checkout: its ansible.cfg finds the in-place collection
-    # (build/collections), and galaxy would then call the tarball "already installed"
+    # (.collections), and galaxy would then call the tarball "already installed"
     subprocess.run(
         [BIN / "ansible-galaxy", "collection", "install", "--no-deps", "-p", dest, tarball],
         check=True,
@@ -125,7 +125,7 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
         r = subprocess.run(
             [BIN / "ansible-playbook", "-i", inv, "--syntax-check", pb],
             env=env,
-            cwd=tmp_path,  # not the checkout: its ansible.cfg points at build/collections
+            cwd=tmp_path,  # not the checkout: its ansible.cfg points at .collections
             capture_output=True,
             text=True,
             check=False,
