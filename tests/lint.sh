@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# All static checks (make lint): yamllint, antsibull-changelog (fragments), ansible-lint (production), ruff, mypy,
+# All static checks (make lint): yamllint, antsibull-changelog (fragments), ansible-lint (production), ruff, mypy, import-linter,
 # antsibull-docs' docs linter, ansible-test sanity on what the collection ships (empty
 # ignore files), shellcheck.
 set -euo pipefail
@@ -24,6 +24,9 @@ ruff format --check agent plugins tests
 
 step mypy
 mypy agent/src plugins
+
+step "import-linter (the agent's layers, no import circle)"
+(cd agent && PYTHONPATH="$ROOT/agent/src" lint-imports --no-cache)
 
 step "antsibull-docs lint-collection-docs"
 ANSIBLE_COLLECTIONS_PATH="$ROOT/build/collections" \

@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podnet.client import call
-from podnet.store import Etcd
+from podnet.api.client import call
+from podnet.state.store import Etcd
 
 REPO = Path(__file__).resolve().parents[2]
 ETCD = os.environ.get("PODNET_TEST_ETCD", "/usr/bin/etcd")
@@ -281,7 +281,7 @@ class Node:
                 f"--net=/run/netns/{self.netns}",
                 sys.executable,
                 "-m",
-                "podnet.daemon",
+                "podnet.api.daemon",
                 "-c",
                 str(self.config),
             ],
@@ -354,7 +354,7 @@ def cluster(workdir: Path, etcd: EtcdServer) -> Iterator[dict[str, Node]]:
 def user_call(node: Node, as_uid: int, op: str, /, **args: Any) -> dict[str, Any]:
     """A request from an unprivileged process (real uid/gid `as_uid`)."""
     code = (
-        "import json,sys;from podnet.client import call,ApiError\n"
+        "import json,sys;from podnet.api.client import call,ApiError\n"
         "try:\n print(json.dumps(call(sys.argv[1], sys.argv[2], **json.loads(sys.argv[3]))))\n"
         "except ApiError as e:\n"
         " print(json.dumps({'ok': False, 'code': e.code, 'message': e.message}))"

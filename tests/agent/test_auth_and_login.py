@@ -56,7 +56,7 @@ def test_user_can_join_own_job_only(cluster: dict[str, Node]) -> None:
 def _session(node: Node, uid: int) -> subprocess.Popen[str]:
     """A login session: acquires the login pod and stays alive (its pid holds the pod)."""
     code = (
-        "import json,sys,time;from podnet.client import call\n"
+        "import json,sys,time;from podnet.api.client import call\n"
         "print(json.dumps(call('login_acquire', sys.argv[1])), flush=True)\n"
         "time.sleep(600)"
     )

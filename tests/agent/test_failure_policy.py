@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from conftest import EtcdServer, Node
-from podnet.client import ApiError
+from podnet.api.client import ApiError
 
 CLUSTER = "patfp"
 BASE_CONFIG = {

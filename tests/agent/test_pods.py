@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from conftest import POD_CIDR, Node, sh, wait_for
-from podnet.nl import mac_for_ip
+from podnet.kernel.nl import mac_for_ip
 
 
 def job_up(

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import Node, user_call
-from podnet.client import ApiError
+from podnet.api.client import ApiError
 
 # real users of the test host (no user is created): daemon and bin
 A_UID, B_UID = 1, 2

@@ -49,11 +49,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "agent" / "src"))
 
-from podnet.alloc import Allocator  # noqa: E402
-from podnet.client import call  # noqa: E402
-from podnet.ipam import Ipam  # noqa: E402
+from podnet.api.client import call  # noqa: E402
 from podnet.names import Keys, vxlan_name  # noqa: E402
-from podnet.store import Etcd, op_delete, op_put  # noqa: E402
+from podnet.state.alloc import Allocator  # noqa: E402
+from podnet.state.ipam import Ipam  # noqa: E402
+from podnet.state.store import Etcd, op_delete, op_put  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
 CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")
@@ -350,7 +350,7 @@ class Bench:
                 f"--net=/run/netns/{NODE_NETNS}",
                 sys.executable,
                 "-m",
-                "podnet.daemon",
+                "podnet.api.daemon",
                 "-c",
                 str(config),
             ],

@@ -8,7 +8,7 @@ a fresh container netns; then one DEL each. Prints `NAME VALUE UNIT` lines:
 `cni_flannel_add_p50/p99`, `cni_flannel_del_p50/p99` (ms) over PODNET_BENCH_CONTAINERS
 (default 200) containers, and writes them as JSON to build/bench/cni.json.
 
-Then, in the same run, the podnet CNI plugin (`podnet.cni`, what `apptainer exec --net
+Then, in the same run, the podnet CNI plugin (`podnet.api.cni`, what `apptainer exec --net
 --network podnet` runs) against a real podnetd and etcd (tests/bench/bench_agent.py's
 setup: netns `pbn-n1`, etcd on 198.19.224.1): one exec of the plugin per ADD for a fresh
 container netns `pbhk-p<i>` (made by `ip netns add`, as root: the container is the user
@@ -118,7 +118,7 @@ def podnet_plugin() -> list[str]:
     """The plugin as the nodes run it: agent/native's podnet-cni (C, built here), or
     with PODNET_BENCH_PLUGIN=python the same plugin in Python."""
     if os.environ.get("PODNET_BENCH_PLUGIN", "c") == "python":
-        return [os.environ.get("PODNET_BENCH_PYTHON", "/usr/bin/python3"), "-m", "podnet.cni"]
+        return [os.environ.get("PODNET_BENCH_PYTHON", "/usr/bin/python3"), "-m", "podnet.cli.cni"]
     out = REPO / "build" / "native-bench"
     subprocess.run(
         ["make", "-s", "-C", str(REPO / "agent" / "native"), f"O={out}", "cni"],

@@ -61,10 +61,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "agent/src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from podnet.alloc import Allocator, Job  # noqa: E402
-from podnet.ipam import Ipam  # noqa: E402
 from podnet.names import Keys  # noqa: E402
-from podnet.store import Etcd  # noqa: E402
+from podnet.state.alloc import Allocator, Job  # noqa: E402
+from podnet.state.ipam import Ipam  # noqa: E402
+from podnet.state.store import Etcd  # noqa: E402
 from svgplot import Reference, Series, xy_chart  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")

@@ -73,7 +73,7 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> Non
         files = yaml.safe_load((ROOT / f"roles/{role}/vars/main.yml").read_text())[var]
         missing = [f for f in files if f"agent/native/{f}" not in names]
         assert not missing, (role, missing)
-    assert "agent/pyproject.toml" in names and "agent/src/podnet/agent.py" in names
+    assert "agent/pyproject.toml" in names and "agent/src/podnet/node/agent.py" in names
     assert "playbooks/site.yml" in names and "inventories/sample/hosts.yml" in names
     assert {"LICENSE", "LICENSES/Apache-2.0.txt", "LICENSES/GPL-3.0-or-later.txt"} <= names
     # the artifact builders a site runs (docs/admin-guide.md "Artifacts"), executable

@@ -14,6 +14,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 WHEELHOUSE = Path(os.environ.get("PODNET_WHEELHOUSE_DIR", ROOT / "build/artifacts"))
+#: a node's environment: no PYTHONPATH (the Makefile points it at agent/src, where the dev
+#: venv's editable install leaves podnet.egg-info: pip would take podnet as installed, and
+#: the import below would read the sources instead of the wheel)
+NODE_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
 
 
 def _wheelhouse() -> Path:
@@ -46,13 +50,19 @@ def test_wheelhouse_installs_offline_on_debian12_python(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         check=False,
+        env=NODE_ENV,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     r = subprocess.run(
-        [venv / "bin/python", "-c", "import podnet.agent, yaml, pyroute2; print(yaml.__file__)"],
+        [
+            venv / "bin/python",
+            "-c",
+            "import podnet.node.agent, yaml, pyroute2; print(yaml.__file__)",
+        ],
         capture_output=True,
         text=True,
         check=False,
+        env=NODE_ENV,
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert sys.prefix not in r.stdout  # the venv's own PyYAML, from the wheelhouse

@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from podnet import DEFAULT_SOCKET
 from podnet.names import is_label
 
 DEFAULT_CONFIG = "/etc/podnet/podnet.yaml"
@@ -102,7 +103,7 @@ class NodeConfig:
     etcd_cert: str | None = None
     etcd_key: str | None = None
     etcd_timeout: float = 5.0
-    socket: str = "/run/podnet/podnetd.sock"
+    socket: str = DEFAULT_SOCKET
     netns_dir: str = "/run/netns"
     #: pods' PID namespaces (<dir>/<pod>) and the program that starts their PID 1;
     #: pid_init "" gives pods a network namespace only

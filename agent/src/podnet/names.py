@@ -132,6 +132,27 @@ class Keys:
     def vtep(self, vni: int, node: str) -> str:
         return f"{self.root}vteps/{vni}/{node}"
 
+    def container(self, node: str, ns: str) -> str:
+        """A container's record (its netns `pn-c...` on `node`)."""
+        return f"{self.root}containers/{node}/{ns}"
+
+    @property
+    def gateway_config(self) -> str:
+        """The gateways' external address and port range (podnet-gatewayd writes it)."""
+        return self.root + "gateway/config"
+
+    def gateway_policy(self, user: str | None = None) -> str:
+        """The global gateway policy, or a user's (hpc.podnet.gateway_policy)."""
+        return self.root + (
+            "gateway/policy/global" if user is None else f"gateway/policy/users/{user}"
+        )
+
+    def published(self, external_port: int | None = None) -> str:
+        """A published port's record (None: the prefix of them all)."""
+        return self.prefix("gateway/published") + (
+            "" if external_port is None else str(external_port)
+        )
+
     def prefix(self, what: str) -> str:
         return f"{self.root}{what}/"
 

@@ -3,7 +3,7 @@
 """The gateway policy format: validation and canonical form, one source for both readers.
 
 `hpc.podnet.gateway_policy` stores the canonical form in etcd, and podnet-gatewayd and
-`podnet publish` read it back (podnet.gwpolicy builds its nftables elements from it). The
+`podnet publish` read it back (podnet.state.gwpolicy builds its nftables elements from it). The
 collection reaches this file as plugins/module_utils/_gateway_policy.py, a symlink: the
 module and the agent accept and refuse exactly the same inputs. Standard library only, and
 Python 3.9 (the managed nodes' minimum).

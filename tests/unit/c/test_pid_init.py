@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""podnet-init (agent/native/podnet_init.c) with podnetd's side (podnet.pidns), for real:
+"""podnet-init (agent/native/podnet_init.c) with podnetd's side (podnet.kernel.pidns), for real:
 a PID namespace whose PID 1 is the init, pinned on a file, orphans reaped, everything in
 it killed when the pod goes, and a recycled PID never signalled."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 from nativelib import cc, make
-from podnet.pidns import PidNamespaces
+from podnet.kernel.pidns import PidNamespaces
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (unshare, mount)")
 

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """An in-memory etcd with the v3 JSON gateway's transaction semantics (unit tests only).
 
-It implements what `podnet.store.Etcd` offers the allocator: get, get_prefix, txn
+It implements what `podnet.state.store.Etcd` offers the allocator: get, get_prefix, txn
 (compares on CREATE/VALUE/MOD revisions; put, delete_range, range and count requests),
 put_many. The real etcd is used by tests/agent and tests/integration.
 """
@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-from podnet.store import KV, TxnResult, op_delete, op_put
+from podnet.state.store import KV, TxnResult, op_delete, op_put
 
 
 def _d(s: str) -> str:

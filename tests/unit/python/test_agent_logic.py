@@ -13,14 +13,16 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet import alloc, cli, names
-from podnet.agent import PodnetError
-from podnet.alloc import Allocator
+from podnet import names
+from podnet.api.server import Admission, Handler, Limits, Peer
+from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
-from podnet.ipam import Ipam, PoolExhausted
-from podnet.metrics import Histogram
+from podnet.errors import PodnetError
 from podnet.names import Keys
-from podnet.server import Admission, Handler, Limits, Peer
+from podnet.node.stats import Histogram
+from podnet.state import alloc
+from podnet.state.alloc import Allocator
+from podnet.state.ipam import Ipam, PoolExhausted
 
 # -- names -------------------------------------------------------------------------------
 

@@ -19,11 +19,11 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet import alloc
-from podnet.alloc import Allocator
-from podnet.ipam import Ipam
 from podnet.names import Keys
-from podnet.store import KV, Etcd
+from podnet.state import alloc
+from podnet.state.alloc import Allocator
+from podnet.state.ipam import Ipam
+from podnet.state.store import KV, Etcd
 
 NODES = [f"n{i:03d}" for i in range(40)]
 

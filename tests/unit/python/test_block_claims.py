@@ -14,9 +14,9 @@ import ipaddress
 from typing import Any
 
 from fake_etcd import FakeEtcd
-from podnet.alloc import Allocator
-from podnet.ipam import Ipam
 from podnet.names import Keys, block_from_key
+from podnet.state.alloc import Allocator
+from podnet.state.ipam import Ipam
 
 CIDR = ipaddress.IPv4Network("198.18.0.0/20")
 

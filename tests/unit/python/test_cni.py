@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The podnet CNI plugin's request parsing and replies (agent/src/podnet/cni.py):
+"""The podnet CNI plugin's request parsing and replies (agent/src/podnet/api/cni.py):
 what Apptainer hands a plugin, checked as the CNI 1.0 spec says, and errors as CNI
 error objects with the spec's codes."""
 
@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 import pytest
-from podnet import cni
+from podnet.api import cni
 
 CONF = {"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"}
 ENV = {

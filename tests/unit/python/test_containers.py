@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Containers on their owner's network (agent/src/podnet/containers.py, cni.py `run`):
+"""Containers on their owner's network (agent/src/podnet/node/containers.py, api/cni.py `run`):
 who owns a network namespace (the kernel's word, never the request's), the namespace
 checks on real namespaces, the socket handler's identity rules, and the CNI plugin's
 ADD/DEL/CHECK against a fake podnetd socket. The kernel side runs for real in
@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podnet import cni
-from podnet.containers import (
+from podnet.api import cni
+from podnet.api.server import Handler, Peer
+from podnet.errors import PodnetError
+from podnet.node.containers import (
     NsFacts,
     check_label,
     decide_owner,
@@ -30,8 +32,6 @@ from podnet.containers import (
     ns_name,
     open_netns,
 )
-from podnet.pods import PodnetError
-from podnet.server import Handler, Peer
 
 
 def _facts(host: bool, owner: int, puid: int | None = None) -> NsFacts:
@@ -333,7 +333,7 @@ def test_handler_serves_the_c_plugins_relay_as_the_caller() -> None:
 def test_proc_paths_of_a_runtime_in_a_pid_namespace_are_its_own() -> None:
     """A runtime in a job step (a pid namespace of the job's) names its container as
     /proc/<its pid>/ns/net: podnetd reads that pid in the caller's pid namespace."""
-    from podnet.containers import host_proc_path  # noqa: PLC0415
+    from podnet.node.containers import host_proc_path  # noqa: PLC0415
 
     me = os.getpid()
     assert host_proc_path("/proc/1/ns/net", me) == "/proc/1/ns/net"  # podnetd's own pidns

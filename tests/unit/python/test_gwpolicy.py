@@ -14,9 +14,12 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet import publish
-from podnet.gateway import Raw, build_state, ruleset, update
-from podnet.gwpolicy import (
+from podnet.errors import PodnetError
+from podnet.gateway.daemon import Raw, build_state, ruleset, update
+from podnet.names import Keys
+from podnet.policy_format import PolicyError
+from podnet.state import publish
+from podnet.state.gwpolicy import (
     Policy,
     compile_policy,
     evaluate,
@@ -24,9 +27,7 @@ from podnet.gwpolicy import (
     parse_rule,
     publish_max,
 )
-from podnet.names import Keys
-from podnet.policy_format import PolicyError
-from podnet.store import KV
+from podnet.state.store import KV
 
 ROOT = Path(__file__).resolve().parents[3]
 TCP, UDP, ICMP = 6, 17, 1
@@ -309,10 +310,10 @@ def test_publish_requested_port_in_range_is_kept(etcd: FakeEtcd) -> None:
 
 def test_publishing_another_users_pod_is_refused(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2002, False, "7", 0, 8080)  # type: ignore[arg-type]
     assert e.value.code == "EPERM"
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.unpublish(etcd, keys, 2002, False, "7", 0, 8080)  # type: ignore[arg-type]
     assert e.value.code == "EPERM"
     assert publish.list_published(etcd, keys, None) == []  # type: ignore[arg-type]
@@ -322,7 +323,7 @@ def test_publish_quota_and_unpublish(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
     publish.publish(etcd, keys, 2001, False, "7", 0, 80)  # type: ignore[arg-type]
     publish.publish(etcd, keys, 2001, False, "7", 0, 81)  # type: ignore[arg-type]
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2001, False, "7", 0, 82)  # type: ignore[arg-type]
     assert e.value.code == "EPERM" and "may publish 2" in e.value.message
     assert publish.unpublish(etcd, keys, 2001, False, "7", 0, 80) == 1  # type: ignore[arg-type]
@@ -331,10 +332,10 @@ def test_publish_quota_and_unpublish(etcd: FakeEtcd) -> None:
 
 def test_publish_bad_pod_index_and_no_gateway(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2001, False, "7", 5, 80)  # type: ignore[arg-type]
     assert e.value.code == "EINVAL"
     etcd.delete(keys.root + "gateway/config")
-    with pytest.raises(publish.PublishError) as e:
+    with pytest.raises(PodnetError) as e:
         publish.publish(etcd, keys, 2001, False, "7", 0, 80)  # type: ignore[arg-type]
     assert e.value.code == "EUNAVAIL"

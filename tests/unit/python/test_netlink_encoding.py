@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from podnet import nl
+from podnet.kernel import nl
 from pyroute2.netlink.rtnl.ndmsg import ndmsg
 
 

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet.alloc import Allocator, AllocError, Job
 from podnet.config import ClusterConfig, NodeConfig
-from podnet.ipam import Ipam
-from podnet.localjobs import LocalJobs
 from podnet.names import Keys
-from podnet.pods import Pod, PodTable
-from podnet.reconcile import Reconciler, decide_lost_pod
+from podnet.node.localjobs import LocalJobs
+from podnet.node.pods import Pod, PodTable
+from podnet.node.reconcile import Reconciler, decide_lost_pod
+from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.ipam import Ipam
 
 CC = ClusterConfig.from_dict({"pod_cidr": "198.18.0.0/20", "block_prefix": 26, "zone": "lab"}, "t")
 R = "/podnet/u/"

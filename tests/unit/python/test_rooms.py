@@ -16,18 +16,18 @@ from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
-from podnet import firewall
-from podnet.agent import Agent
-from podnet.alloc import Allocator, Job
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
-from podnet.etcd_sync import EtcdSync
-from podnet.ipam import Ipam
+from podnet.kernel import firewall
 from podnet.names import Keys
-from podnet.pods import Pod, PodTable, job_search
-from podnet.reconcile import parse_job_ids
-from podnet.sessions import LoginSessions
-from podnet.store import EtcdUnavailable
-from podnet.usernets import UserNetworks
+from podnet.node.agent import Agent
+from podnet.node.etcd_sync import EtcdSync
+from podnet.node.pods import Pod, PodTable, job_search
+from podnet.node.reconcile import parse_job_ids
+from podnet.node.sessions import LoginSessions
+from podnet.node.usernets import UserNetworks
+from podnet.state.alloc import Allocator, Job
+from podnet.state.ipam import Ipam
+from podnet.state.store import EtcdUnavailable
 
 CC = ClusterConfig.from_dict(
     {"pod_cidr": "198.18.0.0/20", "block_prefix": 26, "zone": "lab"}, "test"
@@ -305,7 +305,7 @@ def test_fail_policy_fails_at_once(tmp_path: Path) -> None:
 def test_retry_policy_retries_until_etcd_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("podnet.agent.RETRY_FIRST", 0.01)
+    monkeypatch.setattr("podnet.node.agent.RETRY_FIRST", 0.01)
     calls, attempt = _flaky(3)
     assert _agent(tmp_path, "retry", 30).per_policy("job 1", attempt) == "pod"
     assert len(calls) == 4
@@ -314,8 +314,8 @@ def test_retry_policy_retries_until_etcd_answers(
 def test_retry_policy_gives_up_after_its_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("podnet.agent.RETRY_FIRST", 0.01)
-    monkeypatch.setattr("podnet.agent.RETRY_MAX", 0.02)
+    monkeypatch.setattr("podnet.node.agent.RETRY_FIRST", 0.01)
+    monkeypatch.setattr("podnet.node.agent.RETRY_MAX", 0.02)
     calls, attempt = _flaky(10**6)
     t0 = time.monotonic()
     with pytest.raises(EtcdUnavailable):

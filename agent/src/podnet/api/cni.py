@@ -28,6 +28,8 @@ import json
 import re
 from typing import TYPE_CHECKING
 
+from podnet import DEFAULT_SOCKET
+
 if TYPE_CHECKING:
     from collections.abc import Mapping
     from typing import IO, Any
@@ -54,7 +56,6 @@ E_NOT_AVAILABLE = 50
 #: plugin-specific codes (>= 100): podnetd refused, CHECK found drift
 E_PODNETD = 100
 E_DRIFT = 101
-DEFAULT_SOCKET = "/run/podnet/podnetd.sock"
 
 _CONTAINER_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,1023}$")
 _NETWORK_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
@@ -245,7 +246,7 @@ def _socket(req: CniRequest) -> str:
 
 
 def _call(req: CniRequest, op: str, via: Any, **args: Any) -> dict[str, Any]:
-    from podnet import client  # noqa: PLC0415 (VERSION needs no socket code)
+    from podnet.api import client  # noqa: PLC0415 (VERSION needs no socket code)
 
     try:
         if via is not None:

@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from podnet.alloc import Job
+from podnet.state.alloc import Job
 
 log = logging.getLogger("podnet.localjobs")
 

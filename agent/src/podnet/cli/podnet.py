@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from podnet import nl
-from podnet.client import DEFAULT_SOCKET, ApiError, call
+from podnet.api.client import DEFAULT_SOCKET, ApiError, call
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
+from podnet.kernel import nl
 from podnet.names import Keys, is_veth_name
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 
 def _print(data: Any, as_json: bool, text: str) -> None:

@@ -15,21 +15,12 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from podnet import nl
-from podnet.alloc import Job
 from podnet.config import ClusterConfig
-from podnet.dataplane import Dataplane, NewNetns, PodSpec
-from podnet.firewall import Firewall
+from podnet.kernel import nl
+from podnet.kernel.dataplane import Dataplane, NewNetns, PodSpec
+from podnet.kernel.firewall import Firewall
 from podnet.names import login_label
-
-
-class PodnetError(Exception):
-    """An error with an API code (docs/api.md)."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+from podnet.state.alloc import Job
 
 
 @dataclass

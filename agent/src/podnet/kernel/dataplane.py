@@ -31,9 +31,9 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from podnet import netns, nl
+from podnet.kernel import netns, nl
+from podnet.kernel.pidns import PidNamespaces
 from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
-from podnet.pidns import PidNamespaces
 
 log = logging.getLogger("podnet.dataplane")
 

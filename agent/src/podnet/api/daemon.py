@@ -15,11 +15,11 @@ import threading
 from types import FrameType
 
 from podnet import __version__
-from podnet.agent import Agent
+from podnet.api.metrics import start_metrics
+from podnet.api.server import Handler, Limits, Server
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
-from podnet.metrics import start_metrics
-from podnet.server import Handler, Limits, Server
-from podnet.store import EtcdRequestError, EtcdUnavailable
+from podnet.node.agent import Agent
+from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnetd")
 

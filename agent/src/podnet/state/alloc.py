@@ -18,10 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from podnet import store
-from podnet.ipam import Ipam, PoolExhausted
 from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
-from podnet.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
+from podnet.state import store
+from podnet.state.ipam import Ipam, PoolExhausted
+from podnet.state.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
 log = logging.getLogger("podnet.alloc")
 

@@ -21,14 +21,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from podnet.alloc import Allocator
-from podnet.dataplane import Dataplane
-from podnet.firewall import Firewall
+from podnet.kernel.dataplane import Dataplane
+from podnet.kernel.firewall import Firewall
+from podnet.kernel.nl import mac_for_ip
 from podnet.names import Keys, block_from_key
-from podnet.nl import mac_for_ip
-from podnet.pods import PodTable
-from podnet.store import KV, Etcd
-from podnet.usernets import UserNetworks
+from podnet.node.pods import PodTable
+from podnet.node.usernets import UserNetworks
+from podnet.state.alloc import Allocator
+from podnet.state.store import KV, Etcd
 
 log = logging.getLogger("podnet.sync")
 

@@ -9,14 +9,13 @@ import socket
 import time
 from typing import Any
 
-DEFAULT_SOCKET = "/run/podnet/podnetd.sock"
+from podnet import DEFAULT_SOCKET
+from podnet.errors import PodnetError
 
+__all__ = ["DEFAULT_SOCKET", "ApiError", "call"]
 
-class ApiError(Exception):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
-        self.message = message
+#: an error reply of podnetd: podnet's one error type, named for the client side
+ApiError = PodnetError
 
 
 def _connect(s: socket.socket, path: str, deadline: float) -> None:

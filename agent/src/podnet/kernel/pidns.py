@@ -26,7 +26,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from podnet import netns
+from podnet.kernel import netns
 
 log = logging.getLogger("podnet.pidns")
 

@@ -45,16 +45,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podnet import netns, nl, store
-from podnet.alloc import RECORD_TTL, Allocator, AllocError
-from podnet.dataplane import PLACEHOLDER_MAC, NewNetns, PodSpec
-from podnet.ipam import PoolExhausted
+from podnet.errors import PodnetError
+from podnet.kernel import netns, nl
+from podnet.kernel.dataplane import PLACEHOLDER_MAC, NewNetns, PodSpec
 from podnet.names import Keys, new_veth_name, ptr_key, zone_path
-from podnet.pods import Pod, PodnetError
-from podnet.store import cmp_absent, cmp_value, op_delete, op_put
+from podnet.node.pods import Pod
+from podnet.state import store
+from podnet.state.alloc import RECORD_TTL, Allocator, AllocError
+from podnet.state.ipam import PoolExhausted
+from podnet.state.store import cmp_absent, cmp_value, op_delete, op_put
 
 if TYPE_CHECKING:
-    from podnet.agent import Agent, _Rooms
+    from podnet.node.agent import Agent, _Rooms
 
 log = logging.getLogger("podnet.containers")
 
@@ -268,7 +270,7 @@ def record_ops(keys: Keys, zone: str, node: str, pod: Pod) -> list[dict[str, Any
             keys.ip(pod.ip),
             {"kind": "container", "node": node, "user": pod.user, "vni": pod.vni, "ns": pod.name},
         ),
-        op_put(f"{keys.root}containers/{node}/{pod.name}", container_json(pod)),
+        op_put(keys.container(node, pod.name), container_json(pod)),
     ]
     if label:
         ops.append(
@@ -337,7 +339,7 @@ def release_records(alloc: Allocator, keys: Keys, node: str, pod: Pod) -> None:
     label = pod.names[0].split(".", 1)[0] if pod.names else ""
     ops = [
         op_delete(keys.ip(pod.ip)),
-        op_delete(f"{keys.root}containers/{node}/{pod.name}"),
+        op_delete(keys.container(node, pod.name)),
         op_delete(ptr_key(pod.ip)),
     ]
     if label:
@@ -635,7 +637,7 @@ class Containers:
         """A container namespace left by an earlier podnetd: its record, if its process
         lives and its interface is there; else its records are released (None)."""
         r, a = self.r, self.agent
-        kv = a.etcd.get(f"{a.keys.root}containers/{self.node}/{name}")
+        kv = a.etcd.get(a.keys.container(self.node, name))
         if kv is None:
             return None
         d = kv.json()

@@ -26,18 +26,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from podnet import nl
-from podnet.alloc import Allocator, AllocError, Job
 from podnet.config import ClusterConfig, NodeConfig
-from podnet.containers import is_container_ns
-from podnet.dataplane import Dataplane
-from podnet.etcd_sync import EtcdSync
-from podnet.localjobs import LocalJobs
+from podnet.kernel import nl
+from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
-from podnet.pods import Pod, PodTable
-from podnet.sessions import LoginSessions
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
-from podnet.usernets import UserNetworks
+from podnet.node.containers import is_container_ns
+from podnet.node.etcd_sync import EtcdSync
+from podnet.node.localjobs import LocalJobs
+from podnet.node.pods import Pod, PodTable
+from podnet.node.sessions import LoginSessions
+from podnet.node.usernets import UserNetworks
+from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.reconcile")
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from podnet import __version__
 from podnet.names import Keys
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
 
 log = logging.getLogger("podnet.lease")
 

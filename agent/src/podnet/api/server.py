@@ -25,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from podnet import cni, publish
-from podnet.agent import Agent, PodnetError
-from podnet.client import ApiError
-from podnet.nl import mac_for_ip as nl_mac
-from podnet.store import EtcdRequestError, EtcdUnavailable
+from podnet.api import cni
+from podnet.errors import PodnetError
+from podnet.kernel.nl import mac_for_ip as nl_mac
+from podnet.node.agent import Agent
+from podnet.state import publish
+from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.server")
 
@@ -280,7 +281,7 @@ class Handler:
 
     def cni(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         """The C CNI plugin's relay (agent/native/podnet_cni.c): a whole CNI request,
-        served by podnet.cni on this caller's behalf; what the plugin prints and its
+        served by podnet.api.cni on this caller's behalf; what the plugin prints and its
         exit status."""
         env = {
             "CNI_COMMAND": _text(req, "command", 16),
@@ -293,10 +294,7 @@ class Handler:
         config = _text(req, "config", cni.MAX_CONFIG).encode()
 
         def via(op: str, **args: Any) -> dict[str, Any]:
-            try:
-                return self.ops[op](peer, {"v": VERSION, "op": op, **args})
-            except PodnetError as e:
-                raise ApiError(e.code, e.message) from None
+            return self.ops[op](peer, {"v": VERSION, "op": op, **args})
 
         rc, out = cni.serve(env, config, via)
         return {"cni_rc": rc, "cni_out": out}
@@ -312,19 +310,13 @@ class Handler:
     def publish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
         a = self.agent
-        try:
-            rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
+        rec = publish.publish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
         return {"published": rec}
 
     def unpublish(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
         job, pod, port = self._pub_args(req)
         a = self.agent
-        try:
-            n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
-        except publish.PublishError as e:
-            raise PodnetError(e.code, e.message) from None
+        n = publish.unpublish(a.etcd, a.keys, peer.uid, peer.root, job, pod, port)
         return {"removed": n}
 
     def published(self, peer: Peer, req: dict[str, Any]) -> dict[str, Any]:
@@ -332,7 +324,7 @@ class Handler:
         a = self.agent
         try:
             ext_ip = publish.gateway_config(a.etcd, a.keys)[0]
-        except publish.PublishError:
+        except PodnetError:
             ext_ip = ""
         recs = publish.list_published(a.etcd, a.keys, None if peer.root else peer.uid)
         for r in recs:

@@ -31,23 +31,24 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from podnet import __version__
-from podnet.alloc import Allocator, AllocError
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
-from podnet.containers import Containers
-from podnet.dataplane import Dataplane
-from podnet.egress import ensure_egress_route, set_egress_route
-from podnet.etcd_sync import EtcdSync
-from podnet.firewall import Firewall
-from podnet.ipam import Ipam
-from podnet.metrics import Histogram
+from podnet.errors import PodnetError
+from podnet.kernel.dataplane import Dataplane
+from podnet.kernel.egress import ensure_egress_route, set_egress_route
+from podnet.kernel.firewall import Firewall
+from podnet.kernel.pidns import PidNamespaces, PidnsError
 from podnet.names import Keys, job_netns, login_netns
-from podnet.node_lease import NodeLease
-from podnet.pidns import PidNamespaces, PidnsError
-from podnet.pods import Pod, PodnetError, PodTable, PodWiring, job_search
-from podnet.reconcile import Reconciler
-from podnet.sessions import LoginSessions
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable
-from podnet.usernets import UserNetworks
+from podnet.node.containers import Containers
+from podnet.node.etcd_sync import EtcdSync
+from podnet.node.pods import Pod, PodTable, PodWiring, job_search
+from podnet.node.reconcile import Reconciler
+from podnet.node.sessions import LoginSessions
+from podnet.node.stats import Histogram
+from podnet.node.usernets import UserNetworks
+from podnet.state.alloc import Allocator, AllocError
+from podnet.state.ipam import Ipam
+from podnet.state.node_lease import NodeLease
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 __all__ = ["Agent", "Pod", "PodnetError"]
 

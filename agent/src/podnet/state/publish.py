@@ -16,17 +16,11 @@ import pwd
 from dataclasses import dataclass
 from typing import Any
 
-from podnet.gwpolicy import Policy, parse_policy, publish_max
+from podnet.errors import PodnetError
 from podnet.names import Keys, job_label
 from podnet.policy_format import PolicyError
-from podnet.store import Etcd, cmp_absent, op_put
-
-
-class PublishError(RuntimeError):
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
+from podnet.state.gwpolicy import Policy, parse_policy, publish_max
+from podnet.state.store import Etcd, cmp_absent, op_put
 
 
 def _get_json(etcd: Etcd, key: str) -> Any:
@@ -34,25 +28,21 @@ def _get_json(etcd: Etcd, key: str) -> Any:
     return kv.json() if kv is not None else None
 
 
-def published_prefix(keys: Keys) -> str:
-    return keys.prefix("gateway/published")
-
-
 def gateway_config(etcd: Etcd, keys: Keys) -> tuple[str, int, int]:
-    d = _get_json(etcd, keys.root + "gateway/config")
+    d = _get_json(etcd, keys.gateway_config)
     if not isinstance(d, dict) or "external_ip" not in d:
-        raise PublishError("EUNAVAIL", "this cluster has no gateway (hpc.podnet.gateway)")
+        raise PodnetError("EUNAVAIL", "this cluster has no gateway (hpc.podnet.gateway)")
     lo_s, _sep, hi_s = str(d.get("ports", "20000-20999")).partition("-")
     return str(d["external_ip"]), int(lo_s), int(hi_s or lo_s)
 
 
 def policies(etcd: Etcd, keys: Keys, user: str) -> tuple[Policy, Policy | None]:
     try:
-        g = parse_policy(_get_json(etcd, keys.root + "gateway/policy/global"), "global policy")
-        raw = _get_json(etcd, keys.root + f"gateway/policy/users/{user}")
+        g = parse_policy(_get_json(etcd, keys.gateway_policy()), "global policy")
+        raw = _get_json(etcd, keys.gateway_policy(user))
         u = parse_policy(raw, f"policy of {user}", user=True) if raw is not None else None
     except (PolicyError, ValueError) as e:
-        raise PublishError("EUNAVAIL", f"gateway policy unreadable: {e}") from None
+        raise PodnetError("EUNAVAIL", f"gateway policy unreadable: {e}") from None
     return g, u
 
 
@@ -71,30 +61,28 @@ def resolve(etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int) ->
         job_id = int(job)
     else:
         if root:
-            raise PublishError("EINVAL", "root must name the job by its id")
+            raise PodnetError("EINVAL", "root must name the job by its id")
         try:
             user = pwd.getpwuid(uid).pw_name
         except KeyError:
-            raise PublishError("EINVAL", f"uid {uid} has no user name") from None
+            raise PodnetError("EINVAL", f"uid {uid} has no user name") from None
         owner = _get_json(etcd, keys.name(user, job_label(job)))
         if not isinstance(owner, dict) or "job_id" not in owner:
-            raise PublishError("ENOENT", f"you have no live job named {job!r}")
+            raise PodnetError("ENOENT", f"you have no live job named {job!r}")
         job_id = int(owner["job_id"])
     d = _get_json(etcd, keys.job(job_id))
     if not isinstance(d, dict):
-        raise PublishError("ENOENT", f"job {job_id} has no pods")
+        raise PodnetError("ENOENT", f"job {job_id} has no pods")
     if not root and int(d["uid"]) != uid:
-        raise PublishError(
-            "EPERM", f"job {job_id} is not yours: you may publish only your own pods"
-        )
+        raise PodnetError("EPERM", f"job {job_id} is not yours: you may publish only your own pods")
     ips = [str(x) for x in d.get("ips", [])]
     if not 0 <= pod < len(ips):
-        raise PublishError("EINVAL", f"job {job_id} has pods 0..{len(ips) - 1}, not pod{pod}")
+        raise PodnetError("EINVAL", f"job {job_id} has pods 0..{len(ips) - 1}, not pod{pod}")
     return Target(job_id, pod, ips[pod], str(d["user"]), int(d["uid"]))
 
 
 def list_published(etcd: Etcd, keys: Keys, uid: int | None) -> list[dict[str, Any]]:
-    kvs, _rev = etcd.get_prefix(published_prefix(keys))
+    kvs, _rev = etcd.get_prefix(keys.published())
     out = []
     for kv in kvs:
         try:
@@ -119,7 +107,7 @@ def publish(
     g, u = policies(etcd, keys, t.user)
     limit = publish_max(g, u)
     if len(mine) >= limit:
-        raise PublishError(
+        raise PodnetError(
             "EPERM",
             f"{t.user} may publish {limit} port(s) (gateway policy) and has {len(mine)}",
         )
@@ -129,11 +117,11 @@ def publish(
     for ext in candidates:
         if ext in taken:
             continue
-        key = published_prefix(keys) + str(ext)
+        key = keys.published(ext)
         if etcd.txn([cmp_absent(key)], [op_put(key, rec)]).succeeded:
             return {**rec, "external_port": ext, "address": f"{ext_ip}:{ext}"}
         taken.add(ext)
-    raise PublishError("EUNAVAIL", f"no free gateway port in {lo}-{hi}")
+    raise PodnetError("EUNAVAIL", f"no free gateway port in {lo}-{hi}")
 
 
 def unpublish(etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int, port: int) -> int:
@@ -141,5 +129,5 @@ def unpublish(etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int, 
     n = 0
     for d in list_published(etcd, keys, t.uid):
         if d.get("job_id") == t.job_id and d.get("pod") == t.pod and d.get("port") == port:
-            n += etcd.delete(published_prefix(keys) + str(d["external_port"]))
+            n += etcd.delete(keys.published(d["external_port"]))
     return n

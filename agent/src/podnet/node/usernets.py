@@ -16,11 +16,11 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 
-from podnet.alloc import Allocator
-from podnet.dataplane import Dataplane
+from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
-from podnet.pods import PodTable
-from podnet.store import Etcd, EtcdRequestError, EtcdUnavailable, op_get, op_put
+from podnet.node.pods import PodTable
+from podnet.state.alloc import Allocator
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, op_get, op_put
 
 log = logging.getLogger("podnet.usernets")
 

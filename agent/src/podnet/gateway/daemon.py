@@ -36,10 +36,10 @@ import yaml
 
 from podnet import __version__
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
-from podnet.gwpolicy import Compiled, Policy, compile_policy, parse_policy
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
-from podnet.store import KV, Etcd, EtcdRequestError, EtcdUnavailable, b64, op_delete
+from podnet.state.gwpolicy import Compiled, Policy, compile_policy, parse_policy
+from podnet.state.store import KV, Etcd, EtcdRequestError, EtcdUnavailable, b64, op_delete
 
 try:
     import nftables
@@ -344,7 +344,7 @@ class Gateway:
 
     def publish_config(self) -> None:
         self.etcd.put(
-            self.keys.root + "gateway/config",
+            self.keys.gateway_config,
             {"external_ip": self.gcfg.external_ip, "ports": self.gcfg.ports},
         )
 

@@ -3,24 +3,46 @@
 
 from __future__ import annotations
 
-import threading
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+from podnet.node.stats import BUCKETS, Histogram
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from prometheus_client.registry import Collector
 
-    from podnet.agent import Agent
+__all__ = ["BUCKETS", "AgentCollector", "Histogram", "Observed", "start_metrics"]
 
-BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+class _Pod(Protocol):
+    @property
+    def kind(self) -> str: ...
+    @property
+    def uid(self) -> int: ...
+
+
+class _Errors(Protocol):
+    @property
+    def errors(self) -> int: ...
+
+
+class Observed(Protocol):
+    """What the metrics read of the agent."""
+
+    @property
+    def etcd(self) -> _Errors: ...
+    @property
+    def setup_seconds(self) -> Histogram: ...
+    def list_pods(self, uid: int | None) -> Sequence[_Pod]: ...
 
 
 class AgentCollector:
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Observed) -> None:
         self.agent = agent
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
@@ -48,26 +70,7 @@ class AgentCollector:
         )
 
 
-class Histogram:
-    """A cumulative histogram (what Prometheus expects: counts never go down)."""
-
-    def __init__(self, bounds: tuple[float, ...] = BUCKETS) -> None:
-        self.bounds = bounds
-        self.counts = [0] * len(bounds)
-        self.count = 0
-        self.sum = 0.0
-        self.lock = threading.Lock()
-
-    def observe(self, value: float) -> None:
-        with self.lock:
-            self.count += 1
-            self.sum += value
-            for i, b in enumerate(self.bounds):
-                if value <= b:
-                    self.counts[i] += 1
-
-
-def start_metrics(listen: str, agent: Agent) -> None:
+def start_metrics(listen: str, agent: Observed) -> None:
     host, _sep, port = listen.rpartition(":")
     registry = CollectorRegistry()
     collector: Collector = AgentCollector(agent)

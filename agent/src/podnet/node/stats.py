@@ -1,0 +1,27 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the agent counts for its metrics endpoint (api.metrics reads it)."""
+
+from __future__ import annotations
+
+import threading
+
+BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Histogram:
+    """A cumulative histogram (what Prometheus expects: counts never go down)."""
+
+    def __init__(self, bounds: tuple[float, ...] = BUCKETS) -> None:
+        self.bounds = bounds
+        self.counts = [0] * len(bounds)
+        self.count = 0
+        self.sum = 0.0
+        self.lock = threading.Lock()
+
+    def observe(self, value: float) -> None:
+        with self.lock:
+            self.count += 1
+            self.sum += value
+            for i, b in enumerate(self.bounds):
+                if value <= b:
+                    self.counts[i] += 1
