@@ -34,7 +34,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway artifacts changelog clean \
+  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-gateway bench-dns artifacts changelog clean \
   suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
 
 help:
@@ -231,6 +231,11 @@ bench-cni: deps artifacts
 # with a gateway lab (PODNET_E2E_LAB, LAB_GATEWAYS=1) also egress throughput and failover.
 bench-gateway: deps
 	$(PY) $(ROOT)/tests/bench/bench_gateway.py
+
+# Name privacy's cost per DNS query (issue 22): the CoreDNS artifact with and without the
+# privacy plugin, same process, same run (network namespaces of this host, a real etcd).
+bench-dns: deps artifacts
+	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(PY) $(ROOT)/tests/bench/bench_dns.py
 
 clean:
 	rm -rf $(ROOT)/build $(ROOT)/tests/output

@@ -47,7 +47,9 @@ build_coredns() {
     version=${version#v}
     [ -n "$version" ] || { echo "build-artifacts: no github.com/coredns/coredns version in $src/go.mod" >&2; return 1; }
     out=$artifacts/coredns-$version-linux-amd64
-    inputs=$( { cat "$src/go.mod" "$src/go.sum" "$src/main.go" "${BASH_SOURCE[0]}"; go version; } \
+    # every Go file of the module (main.go and podnet's own plugins), by name and content
+    inputs=$( { cat "$src/go.mod" "$src/go.sum" "${BASH_SOURCE[0]}"; go version
+                (cd "$src" && find . -name '*.go' ! -name '*_test.go' | LC_ALL=C sort | xargs -r sha256sum); } \
               | sha256sum | cut -c1-16)
     (
         flock 9
@@ -62,7 +64,7 @@ build_coredns() {
                 -o "$tmp" .)
             plugins=$("$tmp" -plugins)
             # one name a line; older CoreDNS printed "  dns.<name>"
-            for p in etcd forward cache prometheus health ready reload errors log loop hosts whoami; do
+            for p in etcd forward cache prometheus health ready reload errors log loop hosts whoami privacy; do
                 grep -qxE "[[:space:]]*(dns\.)?$p" <<<"$plugins" || {
                     printf 'coredns: built binary lacks plugin %s; -plugins said:\n%s\n' "$p" "$plugins" >&2
                     exit 1

@@ -268,6 +268,12 @@ enum outcome ask_podnetd_for(const struct session_conf *c, const char *job_env,
 		snprintf(msg, msgsz, "access denied: %s", rep->err_msg);
 		return OUT_REFUSE;
 	}
+	/* a quota the user filled (a login pod over agent_quota_login_pods): refused,
+	 * never the host network whatever on_error says; the message names the limit */
+	if (!strcmp(rep->err_code, "EQUOTA")) {
+		snprintf(msg, msgsz, "no login pod: %s", rep->err_msg);
+		return OUT_REFUSE;
+	}
 	snprintf(msg, msgsz, "podnetd: %s (%s)", rep->err_msg, rep->err_code);
 	return OUT_ERROR;
 }

@@ -36,7 +36,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "agent" / "src"))
 
-from podnet.gateway.daemon import Raw, build_state, ruleset, update  # noqa: E402
+from podnet.gateway.nft import ruleset, update  # noqa: E402
+from podnet.gateway.state import Raw, build_state  # noqa: E402
 
 LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
 POLICY_RUNS = int(os.environ.get("BENCH_GW_POLICY_RUNS", "11"))

@@ -397,19 +397,21 @@ def test_forward_to_own_job_pod_works(jobs: dict[str, int]) -> None:
 
 
 def test_sshd_processes_of_a_session_are_in_the_pod(jobs: dict[str, int]) -> None:
-    """The measurement behind the design: monitor and child both enter the pod."""
+    """The measurement behind the design: monitor and child both enter the pod. The
+    session's processes are `sshd-session: alice ...` (OpenSSH >= 9.8, Debian 13) or
+    `sshd: alice ...` (Debian 12's 9.2)."""
     netns = _alice_netns("c2", jobs)
     with tunnel("alice", "c2"):
         out = ssh(
             "c2",
-            "for p in $(pgrep -u root -f '^sshd-session: alice \\[priv\\]') "
-            "$(pgrep -u alice -f '^sshd-session: alice'); do "
+            "for p in $(pgrep -u root -f '^sshd(-session)?: alice \\[priv\\]') "
+            "$(pgrep -u alice -f '^sshd(-session)?: alice'); do "
             'echo "$(cat /proc/$p/cmdline | tr "\\0" " ") $(readlink /proc/$p/ns/net)"; done; '
             f"echo pod $(stat -L -c %i /run/netns/{netns})",
         ).stdout
     ino = re.search(r"^pod (\d+)$", out, re.M)
     assert ino, out
-    lines = [line for line in out.splitlines() if line.startswith("sshd-session")]
+    lines = [line for line in out.splitlines() if re.match(r"sshd(-session)?: alice", line)]
     assert any("[priv]" in line for line in lines), out
     assert any("[priv]" not in line for line in lines), out
     for line in lines:

@@ -1,23 +1,27 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Build the lab node image: a Debian trixie rootfs (debootstrap minbase) with
-# every package of packages.txt preinstalled (nodes have no internet), the lab
-# users, sshd settings and the daemons the roles configure left disabled.
+# Build the lab node image: a Debian rootfs (debootstrap minbase; trixie, or the
+# release LAB_IMAGE_SUITE names) with every package of packages.txt preinstalled
+# (nodes have no internet), the lab users, sshd settings and the daemons the roles
+# configure left disabled.
 #
 #   build-image.sh OUTPUT.tar.zst
 #
 # Called by `lab.sh image|up` under a lock; the sha256 of packages.txt and of
-# this file keys OUTPUT. Builds in a temporary directory next to OUTPUT and
-# renames at the end, so an interrupted build never leaves a half image.
-# Env: LAB_MIRROR (default: the Debian mirror the host's apt sources use),
-#      LAB_DEB_CACHE (default: <dir of OUTPUT>/debs).
+# this file (and the release, for another than trixie) keys OUTPUT. Builds in a
+# temporary directory next to OUTPUT and renames at the end, so an interrupted
+# build never leaves a half image.
+# Env: LAB_IMAGE_SUITE (trixie; bookworm: LAB_OS=bookworm, docs/lab.md),
+#      LAB_MIRROR (default: the Debian mirror the host's apt sources use),
+#      LAB_DEB_CACHE (default: <dir of OUTPUT>/debs, debs-<suite> for another suite).
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 out=${1:?usage: build-image.sh OUTPUT.tar.zst}
 cache=$(dirname "$out")
-debs=${LAB_DEB_CACHE:-$cache/debs}
-suite=trixie
+suite=${LAB_IMAGE_SUITE:-trixie}
+[[ $suite =~ ^(trixie|bookworm)$ ]] || { echo "build-image.sh: LAB_IMAGE_SUITE must be trixie or bookworm" >&2; exit 1; }
+if [ "$suite" = trixie ]; then debs=${LAB_DEB_CACHE:-$cache/debs}; else debs=${LAB_DEB_CACHE:-$cache/debs-$suite}; fi
 
 # The Debian archive URI the host's apt uses (one-line and deb822 formats);
 # security and non-Debian sources are skipped.
@@ -137,7 +141,7 @@ printf '# podnet lab nodes have no DNS upstream; names come from /etc/hosts\n' >
 rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/*.bin "$root"/var/cache/apt/archives/*.deb \
        "$root"/var/cache/apt/archives/partial/* "$root"/var/log/*.log "$root"/var/log/apt/* \
        "$root/debootstrap"
-printf 'podnet-lab image %s\npackages: %s\n' "$(basename "$out")" "${packages[*]}" >"$root/etc/podnet-lab-image"
+printf 'podnet-lab image %s (%s)\npackages: %s\n' "$(basename "$out")" "$suite" "${packages[*]}" >"$root/etc/podnet-lab-image"
 
 echo "lab image: packing $(du -sh --one-file-system "$root" | cut -f1)" >&2
 tar -C "$root" --numeric-owner --xattrs --xattrs-include='*' --acls -cf - . \

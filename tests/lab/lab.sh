@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# podnet lab cluster: systemd-nspawn nodes booted from one Debian trixie image,
+# podnet lab cluster: systemd-nspawn nodes booted from one Debian image (trixie; LAB_OS),
 # on a private host bridge, reachable over SSH. See docs/lab.md.
 #
 #   lab.sh up | down | status | summary | ssh [USER@]NODE [CMD...] | image | inventory | ruleset
@@ -13,7 +13,9 @@
 #      LAB_NODE_BASE (10: the first node's host number in LAB_SUBNET; 6 fits the 6 nodes
 #      of a gateway lab into a /28),
 #      LAB_DYNAMIC_NODES (""; compute nodes marked slurm_node_dynamic in the inventory:
-#      Slurm dynamic nodes that playbooks/scale.yml adds later, tests/day2).
+#      Slurm dynamic nodes that playbooks/scale.yml adds later, tests/day2),
+#      LAB_OS (trixie; bookworm: Debian 12 nodes with Slurm 22.05, their own image),
+#      LAB_SLURM (trixie; sid: Slurm 26.05 from sid on trixie nodes).
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -21,7 +23,7 @@ REPO=$(cd "$LAB_DIR/../.." && pwd)
 
 LAB_NAME=${LAB_NAME:-pnlab}
 # which settings the caller gave (an existing lab otherwise keeps its own)
-explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_NODE_BASE+LAB_NODE_BASE} ${LAB_SLURM+LAB_SLURM} "
+explicit=" ${LAB_NODES+LAB_NODES} ${LAB_SUBNET+LAB_SUBNET} ${LAB_ETCD_NODES+LAB_ETCD_NODES} ${LAB_GATEWAYS+LAB_GATEWAYS} ${LAB_EXT_SUBNET+LAB_EXT_SUBNET} ${LAB_DYNAMIC_NODES+LAB_DYNAMIC_NODES} ${LAB_NODE_BASE+LAB_NODE_BASE} ${LAB_SLURM+LAB_SLURM} ${LAB_OS+LAB_OS} "
 LAB_NODES=${LAB_NODES:-ctl login c1 c2}
 # Gateways (issue 11): gw1 gw2 (group gateway) with a second interface ext0 on the
 # external bridge, and ext, a host outside the cluster on that bridge only.
@@ -37,6 +39,8 @@ LAB_CLUSTER=${LAB_CLUSTER:-lab}            # podnet_cluster_name (summary's DNS 
 LAB_NSPAWN_ARGS=${LAB_NSPAWN_ARGS:-}       # extra systemd-nspawn options, e.g. --bind=/dev/fuse
 LAB_SLURM=${LAB_SLURM:-trixie}             # sid: the image with Slurm from Debian sid (26.05)
 [[ $LAB_SLURM =~ ^(trixie|sid)$ ]] || { echo "lab.sh: LAB_SLURM must be trixie or sid, got '$LAB_SLURM'" >&2; exit 1; }
+LAB_OS=${LAB_OS:-trixie}                   # bookworm: Debian 12 nodes (Slurm 22.05, Python 3.11)
+[[ $LAB_OS =~ ^(trixie|bookworm)$ ]] || { echo "lab.sh: LAB_OS must be trixie or bookworm, got '$LAB_OS'" >&2; exit 1; }
 CACHE=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/lab
 STATE_ROOT=/var/lib/podnet-lab
 STATE=$STATE_ROOT/$LAB_NAME
@@ -75,6 +79,9 @@ require_tools() {
 validate() {
     [ "$LAB_ETCD_NODES" != __ctl__ ] || LAB_ETCD_NODES=$(ctl_node)
     [[ $LAB_GATEWAYS =~ ^[01]$ ]] || die "LAB_GATEWAYS must be 0 or 1, got '$LAB_GATEWAYS'"
+    [[ $LAB_OS =~ ^(trixie|bookworm)$ ]] || die "LAB_OS must be trixie or bookworm, got '$LAB_OS'"
+    [ "$LAB_OS" = trixie ] || [ "$LAB_SLURM" = trixie ] \
+        || die "LAB_SLURM=$LAB_SLURM needs LAB_OS=trixie (Slurm from sid is built on the trixie image)"
     add_gateway_nodes
     [[ $LAB_NAME =~ ^[a-z][a-z0-9]{0,11}$ ]] \
         || die "LAB_NAME '$LAB_NAME': use 1-12 of [a-z0-9], starting with a letter (bridge ${LAB_NAME}br0 must fit 15 chars)"
@@ -196,17 +203,19 @@ saved_var() {   # saved_var NAME: NAME's value in lab.env, not touching ours
     )
 }
 save_config() {
-    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_NODE_BASE=%q\nLAB_SLURM=%q\n' \
+    printf 'LAB_NODES=%q\nLAB_SUBNET=%q\nLAB_ETCD_NODES=%q\nLAB_INVENTORY=%q\nLAB_IMAGE=%q\nLAB_GATEWAYS=%q\nLAB_EXT_SUBNET=%q\nLAB_DYNAMIC_NODES=%q\nLAB_NODE_BASE=%q\nLAB_SLURM=%q\nLAB_OS=%q\n' \
         "$LAB_NODES" "$LAB_SUBNET" "$LAB_ETCD_NODES" "$LAB_INVENTORY" "$IMAGE_HASH" \
-        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_NODE_BASE" "$LAB_SLURM" >"$STATE/lab.env.tmp"
+        "$LAB_GATEWAYS" "$LAB_EXT_SUBNET" "$LAB_DYNAMIC_NODES" "$LAB_NODE_BASE" "$LAB_SLURM" "$LAB_OS" >"$STATE/lab.env.tmp"
     mv -f "$STATE/lab.env.tmp" "$STATE/lab.env"
 }
 
 # --- image -------------------------------------------------------------------
 base_image_hash() { cat "$LAB_DIR/packages.txt" "$LAB_DIR/build-image.sh" | sha256sum | cut -c1-16; }
-image_hash() {   # LAB_SLURM=sid: its own image, keyed by the base image and its builder
+image_hash() {   # LAB_SLURM=sid, LAB_OS=bookworm: images of their own, the default one untouched
     if [ "$LAB_SLURM" = sid ]; then
         { base_image_hash; cat "$LAB_DIR/build-image-slurm-sid.sh"; } | sha256sum | cut -c1-16
+    elif [ "$LAB_OS" != trixie ]; then
+        { base_image_hash; echo "LAB_OS=$LAB_OS"; } | sha256sum | cut -c1-16
     else
         base_image_hash
     fi
@@ -239,8 +248,8 @@ ensure_image() {   # sets IMAGE_TARBALL
     (
         flock 9
         if [ ! -s "$IMAGE_TARBALL" ]; then
-            say "building node image $IMAGE_HASH (debootstrap trixie, a few minutes)"
-            "$LAB_DIR/build-image.sh" "$IMAGE_TARBALL"
+            say "building node image $IMAGE_HASH (debootstrap $LAB_OS, a few minutes)"
+            LAB_IMAGE_SUITE=$LAB_OS "$LAB_DIR/build-image.sh" "$IMAGE_TARBALL"
         fi
     ) 9>"$CACHE/.build.lock"
     say "image ready in $(elapsed "$t0"): $IMAGE_TARBALL"
@@ -512,6 +521,7 @@ write_inventory() {
         echo "        ansible_python_interpreter: /usr/bin/python3"
         echo "        podnet_lab_name: $LAB_NAME"
         echo "        podnet_lab_slurm: $LAB_SLURM"
+        echo "        podnet_lab_os: $LAB_OS"
         echo "        podnet_pki_dir: $STATE/pki"
         if [ "$LAB_GATEWAYS" = 1 ]; then
             echo "        podnet_lab_gateway_internal_vip: $(int_vip)"
@@ -563,6 +573,8 @@ write_inventory() {
 # --- commands ----------------------------------------------------------------
 cmd_image() {   # prints the image tarball's path alone on stdout (progress on stderr)
     require_root
+    [ "$LAB_OS" = trixie ] || [ "$LAB_SLURM" = trixie ] \
+        || die "LAB_SLURM=$LAB_SLURM needs LAB_OS=trixie (Slurm from sid is built on the trixie image)"
     IMAGE_HASH=$(image_hash)
     ensure_image >&2
     echo "$IMAGE_TARBALL"
@@ -585,7 +597,7 @@ cmd_up() {
     require_root
     require_tools ssh ssh-keygen nft ip flock zstd mountpoint
     validate
-    local t0 n pids=() rc=0 saved_subnet="" saved_image=""
+    local t0 n pids=() rc=0 saved_subnet="" saved_image="" saved_os=""
     t0=$(now_ms)
     mkdir -p "$LOCK_DIR" "$STATE_ROOT"
     exec 8>"$LOCK_DIR/podnet-lab-$LAB_NAME.lock"
@@ -606,9 +618,14 @@ cmd_up() {
         [ "$saved_base" = "$LAB_NODE_BASE" ] \
             || die "lab exists with LAB_NODE_BASE=$saved_base (asked: $LAB_NODE_BASE): run down first"
         [[ $explicit == *" LAB_SLURM "* ]] || LAB_SLURM=$(saved_var LAB_SLURM)
+        saved_os=$(saved_var LAB_OS)
+        saved_os=${saved_os:-trixie}
+        [[ $explicit == *" LAB_OS "* ]] || LAB_OS=$saved_os
+        [ "$saved_os" = "$LAB_OS" ] || die "lab exists with LAB_OS=$saved_os (asked: $LAB_OS): run down first"
         LAB_GATEWAYS=${LAB_GATEWAYS:-0}
         LAB_EXT_SUBNET=${LAB_EXT_SUBNET:-203.0.113.192/27}
         LAB_SLURM=${LAB_SLURM:-trixie}
+        LAB_OS=${LAB_OS:-trixie}
         [ "$saved_subnet" = "$LAB_SUBNET" ] \
             || die "lab exists with LAB_SUBNET=$saved_subnet (asked: $LAB_SUBNET): run down first"
         validate

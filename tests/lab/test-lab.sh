@@ -57,6 +57,18 @@ check "inventory groups" "etcd:ctl dns:ctl compute:c1" \
        | grep -E '^(etcd|dns|compute):' | tr '\n' ' ' | sed 's/ $//')"
 check "host table present" "1" "$(nft list tables | grep -cx "table inet ${LAB_NAME}_host")"
 
+# the image selectors: bad values and a lab's OS changed under it are refused, nothing built
+refused() {   # refused NAME MESSAGE_PART CMD...: CMD fails and says MESSAGE_PART
+    local out
+    if out=$("${@:3}" 2>&1); then ko "$1" "accepted"; elif [[ $out == *"$2"* ]]; then ok "$1"; else ko "$1" "$out"; fi
+}
+refused "LAB_OS=bogus refused" "LAB_OS must be trixie or bookworm" env LAB_OS=bogus "$lab" up
+refused "LAB_OS=bookworm with LAB_SLURM=sid refused" "needs LAB_OS=trixie" \
+    env LAB_OS=bookworm LAB_SLURM=sid "$lab" image
+refused "another LAB_OS for a running lab refused" "lab exists with LAB_OS=trixie" \
+    env LAB_OS=bookworm "$lab" up
+check "inventory names the nodes' OS" "podnet_lab_os: trixie" "$(grep -o 'podnet_lab_os: .*' "$state/hosts.yml")"
+
 # re-up with the nodes running keeps them as they are (the same nspawn processes, the same
 # init: pid and start time): behaviour, not a time (bench figures live in tests/bench)
 procs() { cat "$state"/nodes/{ctl,c1}/pid "$state"/nodes/{ctl,c1}/init | tr '\n' ' '; }

@@ -31,6 +31,9 @@ import (
 	_ "github.com/coredns/coredns/plugin/reload"
 	_ "github.com/coredns/coredns/plugin/rewrite"
 	_ "github.com/coredns/coredns/plugin/whoami"
+
+	// podnet's own: name privacy (plugin/privacy/privacy.go)
+	_ "podnet.invalid/coredns/plugin/privacy"
 )
 
 // directives is the plugin chain order: the subset of CoreDNS's plugin.cfg
@@ -55,6 +58,7 @@ var directives = []string{
 	"loadbalance",
 	"rewrite",
 	"acl",
+	"privacy", // before cache: a cached answer is checked again for each client
 	"cache",
 	"hosts",
 	"etcd",

@@ -150,6 +150,21 @@ static void test_session_ask(void)
 	CHECK(out == OUT_ERROR && strstr(msg, "etcd down"),
 	      "session ask: EUNAVAIL is an error for on_error (%s)", msg);
 
+	/* a filled quota refuses (never the host network, whatever on_error
+	 * says), with podnetd's words; the error's "quota" object is skipped */
+	c.mode = MODE_LOGIN;
+	pid = fake_server(FAKE_REPLY,
+			  "{\"v\":1,\"ok\":false,\"error\":{\"code\":\"EQUOTA\","
+			  "\"message\":\"over quota: login pods per user is 2, "
+			  "and alice holds 2\",\"quota\":{\"limit\":\"logins\","
+			  "\"value\":2,\"held\":2}}}\n", NULL);
+	out = ask_podnetd(&c, NULL, &rep, msg, sizeof(msg));
+	reap(pid);
+	CHECK(out == OUT_REFUSE && strstr(msg, "login pods per user is 2, and "
+					      "alice holds 2"),
+	      "session ask: EQUOTA refuses with the limit (%s)", msg);
+	c.mode = MODE_COMPUTE;
+
 	pid = fake_server(FAKE_REPLY, "{\"v\":1,\"ok\":true}\n", NULL);
 	out = ask_podnetd(&c, NULL, &rep, msg, sizeof(msg));
 	reap(pid);

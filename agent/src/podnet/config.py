@@ -266,6 +266,14 @@ class NodeConfig:
 
 
 FAILURE_POLICIES = ("fail", "retry")
+#: the quota settings and their largest values (a user bridge holds 1023 ports: a node's
+#: limit leaves room for the user's job and login pods there)
+QUOTA_SETTINGS = {
+    "quota_containers_per_node": 1000,
+    "quota_containers": 1_000_000,
+    "quota_login_pods": 1_000_000,
+    "quota_addresses": 1_000_000,
+}
 
 
 @dataclass
@@ -291,6 +299,13 @@ class ClusterConfig:
     #: the gateways' virtual address on the cluster network: pods' traffic to anything
     #: outside the cluster goes there (docs/gateway.md); "" = no gateway, no way out
     egress_gateway: str = ""
+    #: per-user quotas (docs/security.md "Quotas"; root and host_users are not limited):
+    #: containers on one node, containers and login pods in the cluster, and the addresses
+    #: of both together (job pods are Slurm's to admit: never refused, never counted)
+    quota_containers_per_node: int = 32
+    quota_containers: int = 128
+    quota_login_pods: int = 8
+    quota_addresses: int = 136
 
     @property
     def pod_mtu(self) -> int:
@@ -358,6 +373,9 @@ class ClusterConfig:
             c.egress_gateway = _ipv4(d["egress_gateway"], "egress_gateway", where)
             if ipaddress.IPv4Address(c.egress_gateway) in cidr:
                 raise ConfigError(f"{where}: 'egress_gateway' must not be inside pod_cidr")
+        for key, hi in QUOTA_SETTINGS.items():
+            if key in d:
+                setattr(c, key, _int(d[key], key, where, 0, hi))
         if "login_lease_ttl" in d:
             c.login_lease_ttl = _int(d["login_lease_ttl"], "login_lease_ttl", where, 5, 86400)
         if "login_grace" in d:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import re
@@ -55,6 +56,24 @@ def job_netns(job_id: int) -> str:
 
 def login_netns(uid: int) -> str:
     return f"pn-l{uid}"
+
+
+#: netns names of containers: `pn-c` + 11 hex digits
+CONTAINER_NS_PREFIX = "pn-c"
+
+
+def container_netns(uid: int, container_id: str, ifname: str) -> str:
+    """The netns file name of a container interface: `pn-c` + 11 hex digits."""
+    h = hashlib.sha256(f"{uid}/{container_id}/{ifname}".encode()).hexdigest()
+    return CONTAINER_NS_PREFIX + h[:11]
+
+
+def is_container_netns(name: str) -> bool:
+    return (
+        len(name) == 15
+        and name.startswith(CONTAINER_NS_PREFIX)
+        and all(c in "0123456789abcdef" for c in name[4:])
+    )
 
 
 def bridge_name(vni: int) -> str:
@@ -125,6 +144,10 @@ class Keys:
 
     def login(self, node: str, user: str) -> str:
         return f"{self.root}logins/{node}/{user}"
+
+    def quota(self, user: str, kind: str, slot: int | None = None) -> str:
+        """A user's quota slot of a kind (state/quota.py); None: the prefix of them all."""
+        return f"{self.root}quota/{user}/{kind}/" + ("" if slot is None else str(slot))
 
     def job_node(self, job_id: int, node: str) -> str:
         return f"{self.root}jobnodes/{job_id}/{node}"

@@ -30,7 +30,7 @@ import pytest
 import yaml
 from nativelib import NATIVE, ROOT, cc
 
-UNITS = {"test_json": 90, "test_transport": 12, "test_pod": 12, "test_session": 33}
+UNITS = {"test_json": 90, "test_transport": 12, "test_pod": 12, "test_session": 34}
 
 
 def _run(exe: Path, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

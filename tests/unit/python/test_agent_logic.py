@@ -14,7 +14,8 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet import names
-from podnet.api.server import Admission, Handler, Limits, Peer
+from podnet.api.handlers import Handler, Peer
+from podnet.api.server import Admission, Limits
 from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError

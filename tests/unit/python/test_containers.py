@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 from podnet.api import cni
-from podnet.api.server import Handler, Peer
+from podnet.api.handlers import Handler, Peer
+from podnet.cli import cni as cni_command
 from podnet.errors import PodnetError
 from podnet.node.containers import (
     NsFacts,
@@ -237,7 +238,7 @@ def _plugin(
     }
     c = {"cniVersion": "1.0.0", "name": "podnet", "type": "podnet", "socket": str(sock)}
     out = io.StringIO()
-    rc = cni.main(env, io.BytesIO(json.dumps({**c, **(conf or {})}).encode()), out)
+    rc = cni_command.main(env, io.BytesIO(json.dumps({**c, **(conf or {})}).encode()), out)
     text = out.getvalue().strip()
     return rc, json.loads(text) if text else None
 

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet.errors import PodnetError
-from podnet.gateway.daemon import Raw, build_state, ruleset, update
+from podnet.gateway.nft import ruleset, update
+from podnet.gateway.state import Raw, build_state
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
 from podnet.state import publish
@@ -27,6 +28,7 @@ from podnet.state.gwpolicy import (
     parse_rule,
     publish_max,
 )
+from podnet.state.quota import QuotaExceeded
 from podnet.state.store import KV
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -323,9 +325,14 @@ def test_publish_quota_and_unpublish(etcd: FakeEtcd) -> None:
     keys = Keys("lab")
     publish.publish(etcd, keys, 2001, False, "7", 0, 80)  # type: ignore[arg-type]
     publish.publish(etcd, keys, 2001, False, "7", 0, 81)  # type: ignore[arg-type]
-    with pytest.raises(PodnetError) as e:
+    with pytest.raises(QuotaExceeded) as q:
         publish.publish(etcd, keys, 2001, False, "7", 0, 82)  # type: ignore[arg-type]
-    assert e.value.code == "EPERM" and "may publish 2" in e.value.message
+    assert q.value.code == "EQUOTA" and q.value.details() == {
+        "limit": "published",
+        "value": 2,
+        "held": 2,
+    }
+    assert "published ports per user is 2, and alice holds 2" in q.value.message
     assert publish.unpublish(etcd, keys, 2001, False, "7", 0, 80) == 1  # type: ignore[arg-type]
     publish.publish(etcd, keys, 2001, False, "7", 0, 82)  # type: ignore[arg-type]
 

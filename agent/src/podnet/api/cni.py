@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `podnet` CNI plugin (CNI spec 1.0 and 1.1; console script `podnet-cni`, installed as
-`podnet` in Apptainer's CNI plugin directory): request parsing, CNI replies, and `main`,
-which turns ADD/DEL/CHECK into podnetd's `container_add/del/check` requests.
+"""The `podnet` CNI plugin's protocol (CNI spec 1.0 and 1.1): request parsing, CNI replies,
+and `serve`, which turns ADD/DEL/CHECK into podnetd's `container_add/del/check` requests
+(over the socket, or in-process for podnetd's op `cni`). The command is cli/cni.py
+(console script `podnet-cni`, installed as `podnet` in Apptainer's CNI plugin directory).
 
 A CNI runtime (Apptainer) runs the plugin with the request in environment variables
 (`CNI_COMMAND`, `CNI_CONTAINERID`, `CNI_NETNS`, `CNI_IFNAME`, `CNI_ARGS`, `CNI_PATH`) and
@@ -32,7 +33,7 @@ from podnet import DEFAULT_SOCKET
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
-    from typing import IO, Any
+    from typing import Any
 
 #: what this plugin speaks; the conflists it is listed in may use any of these
 SUPPORTED_VERSIONS = ("0.4.0", "1.0.0", "1.1.0")
@@ -326,24 +327,3 @@ def serve(env: Mapping[str, str], data: bytes, via: Any = None) -> tuple[int, st
     except CniError as e:
         return 1, json.dumps(e.reply(version)) + "\n"
     return 0, "" if result is None else json.dumps(result) + "\n"
-
-
-def main(
-    env: Mapping[str, str] | None = None,
-    stdin: IO[bytes] | None = None,
-    stdout: IO[str] | None = None,
-) -> int:
-    import os  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    env = os.environ if env is None else env
-    out = sys.stdout if stdout is None else stdout
-    data = (sys.stdin.buffer if stdin is None else stdin).read(MAX_CONFIG + 1)
-    rc, text = serve(env, data)
-    out.write(text)
-    out.flush()
-    return rc
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

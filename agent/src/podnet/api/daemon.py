@@ -15,8 +15,9 @@ import threading
 from types import FrameType
 
 from podnet import __version__
+from podnet.api.handlers import Handler
 from podnet.api.metrics import start_metrics
-from podnet.api.server import Handler, Limits, Server
+from podnet.api.server import Limits, Server
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
 from podnet.node.agent import Agent
 from podnet.state.store import EtcdRequestError, EtcdUnavailable

@@ -22,6 +22,7 @@ __all__ = ["BUCKETS", "AgentCollector", "Histogram", "Observed", "start_metrics"
 class _Pod(Protocol):
     @property
     def kind(self) -> str: ...
+
     @property
     def uid(self) -> int: ...
 
@@ -36,8 +37,10 @@ class Observed(Protocol):
 
     @property
     def etcd(self) -> _Errors: ...
+
     @property
     def setup_seconds(self) -> Histogram: ...
+
     def list_pods(self, uid: int | None) -> Sequence[_Pod]: ...
 
 

@@ -44,8 +44,32 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"etcd: {etcd_text}\n"
         f"pods: {st['pods']}, users: {st['users']}"
     )
+    try:
+        extra = {"user": args.user} if args.user else {}
+        st["quota"] = call("quota", args.socket, **extra)["quota"]
+        text += "\n" + quota_text(st["quota"])
+    except ApiError as e:
+        if args.user:
+            raise
+        text += f"\nquotas: not shown ({e.message})"
     _print(st, args.json, text)
     return 0 if etcd.get("ok") else 1
+
+
+def quota_text(q: dict[str, Any]) -> str:
+    """A user's usage against each quota (docs/user-guide.md, "Quotas")."""
+    if not q.get("limited"):
+        return f"quotas: {q.get('user')} is not limited (root, agent_host_users)"
+    rows = [
+        (f"{r['label']}{' (' + r['node'] + ')' if r.get('node') else ''}", r["held"], r["value"])
+        for r in q.get("limits", [])
+    ]
+    width = max((len(label) for label, _h, _v in rows), default=0)
+    lines = [f"quotas of {q.get('user')} (held / limit):"]
+    for label, held, value in rows:
+        mark = "  at the limit" if held >= value else ""
+        lines.append(f"  {label:{width}}  {held:>5} / {value}{mark}")
+    return "\n".join(lines)
 
 
 def _target(text: str) -> tuple[str, int]:
@@ -185,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="podnet", description="podnet on this node", parents=[common])
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("pods", parents=[common], help="my pods (root: all pods of this node)")
-    sub.add_parser("status", parents=[common], help="node, etcd, counts")
+    st = sub.add_parser(
+        "status", parents=[common], help="node, etcd, counts, and your usage against each quota"
+    )
+    st.add_argument("--user", default="", help="root: that user's quotas")
     sub.add_parser(
         "doctor",
         parents=[common],

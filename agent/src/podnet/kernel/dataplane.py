@@ -31,6 +31,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from podnet.errors import PodnetError
 from podnet.kernel import netns, nl
 from podnet.kernel.pidns import PidNamespaces
 from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
@@ -66,6 +67,8 @@ class NewNetns:
     eth0: int  # pod end (index inside the pod)
     lo: int
     bridge: int
+    #: a container's namespace (`new_netns` with `foreign`): it may outlive the pod
+    foreign: bool = False
 
 
 class Dataplane:
@@ -226,41 +229,58 @@ class Dataplane:
     def netns_path(self, name: str) -> Path:
         return self.netns_dir / name
 
-    def new_netns(self, name: str, bridge_index: int, mtu: int) -> NewNetns:
+    def new_netns(
+        self,
+        name: str,
+        bridge_index: int,
+        mtu: int,
+        ifname: str = "eth0",
+        foreign: bool = False,
+        netns_fd: int = -1,
+    ) -> NewNetns:
         """First half of a pod, which needs no address yet (podnetd makes it while the
         allocation is on its way to etcd): the pod's netns, and a veth whose host end is
-        up in the user's bridge and whose pod end `eth0` is down, with a placeholder MAC
-        (the real one derives from the address). Raises if the pod exists already."""
+        up in the user's bridge and whose pod end `ifname` is down, with a placeholder MAC
+        (the real one derives from the address). Raises if the pod exists already.
+
+        `foreign`: a container's namespace, which may outlive the pod (its veth is deleted
+        by name on removal) and gets no PID namespace; `netns_fd` (with `foreign`): an
+        existing namespace (a runtime's), bound on the pod's file instead of a new one."""
 
         def inside() -> nl.Netlink:
             sock = nl.Netlink()
-            # unprivileged ping inside the pod (best effort: read-only /proc/sys/net)
+            # unprivileged ping inside the pod (best effort: read-only /proc/sys/net); in a
+            # fakeroot container too, whose root is a user here
             with contextlib.suppress(OSError):
                 netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
             return sock
 
         path = self.netns_path(name)
-        pod_nl = self.host.create(path, inside)
+        pod_nl = (
+            self.host.create(path, inside) if netns_fd < 0 else _bind(self.host, path, netns_fd)
+        )
         veth = new_veth_name()
         try:
-            if self.pidns is not None:
+            if netns_fd >= 0 and ifname in nl.links(pod_nl):
+                raise PodnetError("EEXIST", f"the container already has an interface {ifname}")
+            if self.pidns is not None and not foreign:
                 self.pidns.create(name)
             fd = os.open(str(path), os.O_RDONLY | os.O_CLOEXEC)
             try:
                 self.nl().batch(
                     [
-                        nl.veth(veth, "eth0", fd, mtu, bridge_index, PLACEHOLDER_MAC),
+                        nl.veth(veth, ifname, fd, mtu, bridge_index, PLACEHOLDER_MAC),
                         *nl.host_link_up(veth),
                     ]
                 )
             finally:
                 os.close(fd)
             plinks = nl.links(pod_nl)
-            eth0, lo = int(plinks["eth0"]["index"]), int(plinks["lo"]["index"])
-            return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index)
+            eth0, lo = int(plinks[ifname]["index"]), int(plinks["lo"]["index"])
+            return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
-            self.remove_pod(name, None)
+            self.remove_pod(name, None, veth if foreign else "", pid_namespace=not foreign)
             raise
 
     def discard(self, ns: NewNetns) -> None:
@@ -290,7 +310,9 @@ class Dataplane:
             self.write_resolv(spec.name, search, dns_servers)
         except BaseException:
             ns.nl.close()
-            self.remove_pod(spec.name, spec.ip)
+            self.remove_pod(
+                spec.name, spec.ip, ns.veth if ns.foreign else "", pid_namespace=not ns.foreign
+            )
             raise
         ns.nl.close()
         return ns.veth
@@ -312,10 +334,18 @@ class Dataplane:
             os.close(fd)
         tmp.replace(d / "resolv.conf")
 
-    def remove_pod(self, name: str, ip: str | None) -> bool:
-        """Remove a pod's netns (the kernel reaps its veth), route and resolv.conf."""
+    def remove_pod(
+        self, name: str, ip: str | None, veth: str = "", pid_namespace: bool = True
+    ) -> bool:
+        """Remove a pod's netns (the kernel reaps its veth), route and resolv.conf. `veth`:
+        deleted first, by name (a container's namespace may live on: a dump of every link
+        would cost more than all else with hundreds of them); `pid_namespace` False: the
+        pod has none of podnet's (a container)."""
+        if veth:
+            with contextlib.suppress(nl.NetlinkError):
+                self.nl().batch([nl.del_link_named(veth)])
         existed = netns.remove(self.netns_path(name))
-        if self.pidns is not None:
+        if self.pidns is not None and pid_namespace:
             self.pidns.remove(name)
         if ip:
             try:
@@ -350,15 +380,15 @@ class Dataplane:
             if p.name.startswith("pn-") and netns.is_netns(p)
         )
 
-    def pod_veth(self, name: str) -> str | None:
-        """Host-side veth of a pod (the link whose peer lives in the pod's netns)."""
+    def pod_veth(self, name: str, ifname: str = "eth0") -> str | None:
+        """Host-side veth of a pod (the link whose peer is `ifname` in the pod's netns)."""
         path = self.netns_path(name)
         try:
             pod_nl = self.host.run_in(path, nl.Netlink)
         except OSError:
             return None
         try:
-            eth0 = nl.links(pod_nl).get("eth0")
+            eth0 = nl.links(pod_nl).get(ifname)
         finally:
             pod_nl.close()
         if not eth0:
@@ -368,6 +398,32 @@ class Dataplane:
             if is_veth_name(lname) and peer and int(info["index"]) == int(peer):
                 return lname
         return None
+
+    def pod_problems(self, name: str, veth: str, ifname: str, ip: str, vni: int) -> list[str]:
+        """How a pod's interface differs from what `new_netns` + `wire_pod` made (empty:
+        nothing): its host end and bridge, its interface and address inside."""
+        problems = []
+        host = nl.links(self.nl()).get(veth)
+        bridge = self.user_bridge(vni)
+        if host is None:
+            problems.append(f"host end {veth} is missing")
+        elif bridge is not None and int(host["master"]) != bridge:
+            problems.append(f"host end {veth} is not in the user's bridge")
+        try:
+            inner = self.host.run_in(self.netns_path(name), nl.Netlink)
+        except OSError as e:
+            problems.append(f"the container's network namespace is gone ({e.strerror})")
+            return problems
+        try:
+            if ifname not in nl.links(inner):
+                problems.append(f"interface {ifname} is missing in the container")
+            else:
+                have = nl.first_ipv4(inner, ifname)
+                if have != ip:
+                    problems.append(f"{ifname} has address {have}, not {ip}")
+        finally:
+            inner.close()
+        return problems
 
     def remove_pod_routes_except(self, keep: set[str]) -> None:
         """Delete our /32 pod routes whose pod is not in `keep` (reconcile)."""
@@ -431,3 +487,20 @@ class Dataplane:
         sock: nl.Netlink | None = getattr(self._tls, "nl", None)
         if sock is not None:
             sock.close()
+
+
+def _bind(host: netns.HostNetns, path: Path, fd: int) -> nl.Netlink:
+    """Keep the namespace `fd` reachable as `path` (adoption after a restart); a netlink
+    socket inside it."""
+    f = os.open(str(path), os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    os.close(f)
+    try:
+        netns.mount_bind(f"/proc/self/fd/{fd}", str(path))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
+    try:
+        return host.run_in(path, nl.Netlink)
+    except BaseException:
+        netns.remove(path)
+        raise

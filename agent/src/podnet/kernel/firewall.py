@@ -26,7 +26,9 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import threading
+from pathlib import Path
 from typing import Any
 
 from podnet.names import GATEWAY_MAC
@@ -35,6 +37,9 @@ try:
     import nftables
 except ImportError:  # pragma: no cover - python3-nftables is a hard dependency on nodes
     nftables = None
+
+
+log = logging.getLogger("podnet.firewall")
 
 
 class FirewallError(RuntimeError):
@@ -48,6 +53,13 @@ FLANNEL_VXLAN_PORT = 8472
 #: kernel keeps the socket as the owner of the encapsulated packet, so the marked outer
 #: packet is told from a datagram a user's socket sends to a VXLAN port itself
 TUNNEL_MARK = 0x504E0000
+#: the cgroup (v2) whose sockets reach pods from the host network with any uid: the SPANK
+#: plugin keeps the slurmstepd of a step on the host network (`--podnet=no`) in it while
+#: Slurm connects to srun's IO and terminal ports with the user's uid (srun may be in a
+#: login or job pod); only root can join it, and the step's tasks are born outside it
+#: (agent/native/podnet_spank.c, PN_STEPD_CGROUP)
+STEPD_CGROUP = "podnet-stepd"
+CGROUP_FS = Path("/sys/fs/cgroup")
 #: `meta skuid` in this range: the packet belongs to a socket with an owner (a process's);
 #: packets of no socket (the kernel's VXLAN, ICMP errors, RSTs) never match
 ANY_UID = "0-4294967295"
@@ -64,6 +76,7 @@ def ruleset(
     egress_gateway: str = "",
     underlay_interface: str = "",
     gateway_node: bool = False,
+    stepd_cgroup: str = "",
 ) -> str:
     """The whole podnet ruleset (nft syntax) for an atomic replace.
 
@@ -76,6 +89,8 @@ def ruleset(
     ports come in from the underlay (`underlay_interface`) with outside sources.
     `gateway_node`: this node is a gateway; its own table (`inet podnet_gw`) polices
     pods <-> outside, this one keeps only the pod <-> pod and VXLAN drops.
+    `stepd_cgroup`: STEPD_CGROUP's path under /sys/fs/cgroup (`stepd_cgroup()`), whose
+    sockets reach pods like the `host_uids`' ("": none).
     """
 
     def elems(items: list[str]) -> str:
@@ -87,6 +102,12 @@ def ruleset(
 
     port_elems = elems([f'"{p}" . {m} . {i}' for p, m, i in ports])
     egress = _egress(pod_cidr, egress_gateway, underlay_interface, gateway_node)
+    stepd = (
+        f'\n        ip daddr {pod_cidr} socket cgroupv2 level 1 "{stepd_cgroup}" accept '
+        'comment "slurmstepd of a step on the host network, connecting to srun"'
+        if stepd_cgroup
+        else ""
+    )
     return f"""
 add table bridge podnet
 delete table bridge podnet
@@ -153,7 +174,7 @@ table inet podnet {{
 meta skuid {ANY_UID} drop
         # hosts reach pods: replies, and connections of the system identities only
         ip daddr {pod_cidr} ct state established,related accept
-        ip daddr {pod_cidr} meta skuid @host_uids accept
+        ip daddr {pod_cidr} meta skuid @host_uids accept{stepd}
         ip daddr {pod_cidr} meta skuid {ANY_UID} drop
     }}
     chain forward {{
@@ -191,6 +212,18 @@ def _egress(pod_cidr: str, gateway: str, underlay: str, gateway_node: bool) -> s
     return "".join(f"\n        {x}" for x in lines)
 
 
+def stepd_cgroup(fs: Path = CGROUP_FS) -> str:
+    """Makes STEPD_CGROUP at the top of the cgroup v2 hierarchy (mounted on `fs`, or on
+    `fs`/unified in systemd's hybrid layout); returns its path under `fs`, as nft names
+    it, or "" without a cgroup v2 hierarchy."""
+    for mnt in (fs, fs / "unified"):
+        if (mnt / "cgroup.controllers").exists():
+            d = mnt / STEPD_CGROUP
+            d.mkdir(mode=0o755, exist_ok=True)
+            return str(d.relative_to(fs))
+    return ""
+
+
 class Firewall:
     def __init__(
         self,
@@ -202,6 +235,7 @@ class Firewall:
         egress_gateway: str = "",
         underlay_interface: str = "",
         gateway_node: bool = False,
+        cgroup_fs: Path | None = CGROUP_FS,
     ) -> None:
         if nftables is None:
             raise FirewallError("python3-nftables (libnftables) is not installed")
@@ -216,6 +250,40 @@ class Firewall:
         self.egress_gateway = egress_gateway
         self.underlay_interface = underlay_interface
         self.gateway_node = gateway_node
+        self.stepd_cgroup = self._stepd_cgroup(cgroup_fs) if cgroup_fs else ""
+
+    def _stepd_cgroup(self, fs: Path) -> str:
+        """STEPD_CGROUP, if the kernel and nft match sockets by cgroup v2 (Linux >= 5.13):
+        else steps on the host network cannot reach srun in a pod (the filter drops them
+        as any user socket), which the log says once."""
+        try:
+            path = stepd_cgroup(fs)
+        except OSError as e:
+            log.warning(
+                "no cgroup %s (%s): opt-out steps cannot reach srun in a pod", STEPD_CGROUP, e
+            )
+            return ""
+        if not path:
+            log.warning("no cgroup v2 hierarchy: opt-out steps cannot reach srun in a pod")
+            return ""
+        probe = (
+            "add table inet podnet_probe\n"
+            "add chain inet podnet_probe c\n"
+            f'add rule inet podnet_probe c socket cgroupv2 level 1 "{path}" accept\n'
+        )
+        with self.lock:
+            self.nft.set_dry_run(True)
+            try:
+                rc, _out, err = self.nft.cmd(probe)
+            finally:
+                self.nft.set_dry_run(False)
+        if rc != 0:
+            log.warning(
+                "nft cannot match sockets by cgroup (%s): opt-out steps cannot reach srun in a pod",
+                str(err).strip().splitlines()[0] if str(err).strip() else rc,
+            )
+            return ""
+        return path
 
     def _cmd(self, text: str) -> None:
         with self.lock:
@@ -242,6 +310,7 @@ class Firewall:
                 self.egress_gateway,
                 self.underlay_interface,
                 self.gateway_node,
+                self.stepd_cgroup,
             )
         )
 

@@ -7,8 +7,9 @@ one thing (built by `start`, injected into each other, testable alone):
   lock, the linger timer;
 * `etcd_sync.EtcdSync`: etcd watches -> IPAM view, routes, FDB, firewall sets;
 * `sessions.LoginSessions`: which processes hold each login pod;
-* `node_lease.NodeLease`: the node's record and lease in etcd;
-* `reconcile.Reconciler`: adopt at start, garbage collection while running.
+* `state.node_lease.NodeLease`: the node's record and lease in etcd;
+* `reconcile.Reconciler`: adopt at start, garbage collection while running;
+* `containers.Containers`: containers on their owner's network (the CNI plugin).
 
 Operations are idempotent: `job_up` twice returns the same pod, `job_down` of a missing
 job is a no-op. Work for one user is serialized by that user's lock; the pod table's
@@ -45,6 +46,7 @@ from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
+from podnet.state import publish, quota
 from podnet.state.alloc import Allocator, AllocError
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
@@ -74,7 +76,6 @@ class Agent:
         # etcd round trips that overlap with netlink work (job_up)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
         self._rooms: _Rooms | None = None
-        self.containers = Containers(self)
 
     @property
     def rooms(self) -> _Rooms:
@@ -85,6 +86,11 @@ class Agent:
     @property
     def cluster(self) -> ClusterConfig:
         return self.rooms.cc
+
+    @property
+    def containers(self) -> Containers:
+        """container_add/del/check (the podnet CNI plugin, podnet-container)."""
+        return self.rooms.containers
 
     # -- start ---------------------------------------------------------------------------
     def load_cluster_config(self) -> ClusterConfig:
@@ -120,7 +126,6 @@ class Agent:
         rooms.lease.register()
         rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
         rooms.sync.refresh_nodes()
-        rooms.reconcile.adopt_container = self.containers.adopt
         rooms.reconcile.reconcile()
         rooms.reconcile.reclaim_lost(self.job_down)
         rooms.sync.sync_routes()
@@ -131,7 +136,7 @@ class Agent:
             ("sessions", self._session_loop),
             ("gc", lambda: rooms.reconcile.run_gc(self.stop, self.job_down)),
             ("linger", lambda: rooms.nets.run(self.stop)),
-            ("containers", lambda: self.containers.run(self.stop)),
+            ("containers", lambda: rooms.containers.run(self.stop)),
         ]
         for name, target in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
@@ -280,15 +285,72 @@ class Agent:
                 return pod
             vni, bri = r.nets.ensure(user, uid)
             try:
-                ip = r.alloc.allocate_login(self.cfg.node, user, uid, vni, r.lease.id)
+                ip, slots = r.alloc.allocate_login(
+                    self.cfg.node, user, uid, vni, r.lease.id, self.login_limits(uid)
+                )
             except AllocError as e:
+                r.nets.release(vni, uid)
                 raise PodnetError("EUNAVAIL", str(e)) from None
+            except BaseException:
+                r.nets.release(vni, uid)
+                raise
             pod = Pod.of_login(
                 self.cfg.node, user, uid, ip, vni, name, str(r.dp.netns_path(name)), r.cc
             )
+            pod.slots = slots
             r.wiring.build(pod, [f"{user}.{r.cc.zone}"], r.wiring.new_netns(name, bri))
             self.pods.add(pod)
         return pod
+
+    # -- quotas (state/quota.py) -------------------------------------------------------
+    def limited(self, uid: int) -> bool:
+        """Whether quotas apply to `uid`: not to root nor to the node's host_users."""
+        return uid != 0 and uid not in self.cfg.host_uids
+
+    def login_limits(self, uid: int) -> dict[str, int] | None:
+        """The cluster-wide limits a login pod of `uid` counts against (None: none)."""
+        if not self.limited(uid):
+            return None
+        q = quota.Limits.of(self.cluster)
+        return {"logins": q.logins, "addresses": q.addresses}
+
+    def quota_usage(self, uid: int) -> dict[str, Any]:
+        """What `uid` holds against each quota (`podnet status`)."""
+        try:
+            user = pwd.getpwuid(uid).pw_name
+        except KeyError:
+            raise PodnetError("EINVAL", f"uid {uid} has no user name") from None
+        if not self.limited(uid):
+            return {"user": user, "limited": False, "limits": []}
+        q = quota.Limits.of(self.cluster)
+        used = self.rooms.alloc.slots.usage(user, ("containers", "addresses", "logins"))
+        here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
+        rows = [
+            ("containers_per_node", q.containers_per_node, here, self.cfg.node),
+            ("containers", q.containers, used["containers"], ""),
+            ("logins", q.logins, used["logins"], ""),
+            ("addresses", q.addresses, used["addresses"], ""),
+        ]
+        published = self._published_quota(user)
+        if published is not None:
+            rows.append(("published", *published, ""))
+        return {
+            "user": user,
+            "limited": True,
+            "limits": [
+                {"limit": k, "label": quota.LABELS[k], "value": v, "held": h, "node": n}
+                for k, v, h, n in rows
+            ],
+        }
+
+    def _published_quota(self, user: str) -> tuple[int, int] | None:
+        """(limit, held) of published ports; None without a gateway."""
+        try:
+            publish.gateway_config(self.etcd, self.keys)
+            limit = publish.limit_of(self.etcd, self.keys, user)
+        except PodnetError:
+            return None
+        return limit, len(self.rooms.alloc.slots.live(user, "published"))
 
     def login_release(self, uid: int) -> bool:
         r = self.rooms
@@ -334,6 +396,24 @@ class Agent:
     def list_pods(self, uid: int | None) -> list[Pod]:
         return self.pods.all(uid)
 
+    # -- published ports (podnet publish; docs/gateway.md) -------------------------------
+    def publish(self, uid: int, root: bool, job: str, pod: int, port: int) -> dict[str, Any]:
+        return publish.publish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def unpublish(self, uid: int, root: bool, job: str, pod: int, port: int) -> int:
+        return publish.unpublish(self.etcd, self.keys, uid, root, job, pod, port)
+
+    def published(self, uid: int | None) -> list[dict[str, Any]]:
+        """The published ports (of `uid`; None: all), each with its external address."""
+        try:
+            ext_ip = publish.gateway_config(self.etcd, self.keys)[0]
+        except PodnetError:
+            ext_ip = ""
+        recs = publish.list_published(self.etcd, self.keys, uid)
+        for r in recs:
+            r["address"] = f"{ext_ip}:{r['external_port']}"
+        return recs
+
     def status(self) -> dict[str, Any]:
         try:
             st = self.etcd.status()
@@ -371,6 +451,7 @@ class _Rooms:
         sync: EtcdSync,
         lease: NodeLease,
         reconcile: Reconciler,
+        containers: Containers,
     ) -> None:
         self.cc = cc
         self.alloc = alloc
@@ -381,6 +462,7 @@ class _Rooms:
         self.sync = sync
         self.lease = lease
         self.reconcile = reconcile
+        self.containers = containers
 
     @classmethod
     def build(cls, agent: Agent, cc: ClusterConfig) -> _Rooms:
@@ -434,4 +516,9 @@ class _Rooms:
             agent.sessions,
             lambda: lease.id,
         )
-        return cls(cc, alloc, dp, fw, PodWiring(dp, fw, cc), nets, sync, lease, reconcile)
+        wiring = PodWiring(dp, fw, cc)
+        containers = Containers(
+            cfg.node, cc, agent.pods, nets, alloc, dp, wiring, cfg.containers_outside_jobs
+        )
+        reconcile.adopt_container = containers.adopt
+        return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers)

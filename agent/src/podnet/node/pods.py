@@ -45,10 +45,17 @@ class Pod:
     pid: int = 0
     pid_start: int = 0
     source: str = ""
+    #: the quota slots it holds (state/quota.py; logins and containers of limited users)
+    slots: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def foreign_netns(self) -> bool:
+        """A container's namespace: it may outlive the pod, has no PID namespace of podnet's."""
+        return self.kind == "container"
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("veth", "vni", "pid_start"):
+        for k in ("veth", "vni", "pid_start", "slots"):
             d.pop(k, None)
         if self.kind != "container":
             for k in ("container_id", "ifname", "pid", "source"):
@@ -155,6 +162,10 @@ class PodWiring:
     def new_netns(self, name: str, bridge: int) -> NewNetns:
         return self.dp.new_netns(name, bridge, self.cc.pod_mtu)
 
+    def new_container_netns(self, name: str, bridge: int, ifname: str, fd: int) -> NewNetns:
+        """A container's: the runtime's namespace `fd` (-1: a new one), interface `ifname`."""
+        return self.dp.new_netns(name, bridge, self.cc.pod_mtu, ifname, True, fd)
+
     def build(self, pod: Pod, search: list[str], ns: NewNetns) -> None:
         cc = self.cc
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
@@ -162,12 +173,18 @@ class PodWiring:
         try:
             self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         except Exception:
-            self.dp.remove_pod(pod.name, pod.ip)
+            self.remove_kernel(pod)
             raise
+
+    def remove_kernel(self, pod: Pod) -> bool:
+        """The pod's namespace, route and resolv.conf (its firewall port stays)."""
+        if pod.foreign_netns:
+            return self.dp.remove_pod(pod.name, pod.ip, pod.veth, pid_namespace=False)
+        return self.dp.remove_pod(pod.name, pod.ip)
 
     def unbuild(self, pod: Pod) -> bool:
         """Undo `build`; True if the netns existed."""
-        existed = self.dp.remove_pod(pod.name, pod.ip)
+        existed = self.remove_kernel(pod)
         if pod.veth:
             self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
         return existed

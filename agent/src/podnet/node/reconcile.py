@@ -30,12 +30,13 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
-from podnet.node.containers import is_container_ns
+from podnet.names import is_container_netns as is_container_ns
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
+from podnet.state import quota
 from podnet.state.alloc import Allocator, AllocError, Job
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
@@ -251,12 +252,13 @@ class Reconciler:
         pod = Pod.of_login(
             self.cfg.node, user, uid, ip, vni, name, str(self.dp.netns_path(name)), self.cc, veth
         )
+        pod.slots = quota.slots_of(kv.json()) if kv else {}
         self.republish_login(pod)
         return pod
 
     def republish_login(self, p: Pod) -> None:
-        self.etcd.put_many(
-            self.alloc.login_record_ops(self.cfg.node, p.user, p.uid, p.vni, p.ip, self.lease_id())
+        p.slots = self.alloc.republish_login(
+            self.cfg.node, p.user, p.uid, p.vni, p.ip, self.lease_id(), p.slots
         )
 
     def after_lease_loss(self) -> None:

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Allocation in etcd: user VNIs, node address blocks, job and login IPs, DNS records.
+"""Allocation in etcd: user VNIs, node address blocks, job, login and container IPs, DNS
+records.
 
 Every allocation is one etcd transaction guarded by `create_revision == 0` on the keys it
 creates (`ips/<ip>`, `blocks/<cidr>`, `users/<u>`, `vnis/<v>`, `jobs/<id>`), so two
@@ -18,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from podnet.errors import PodnetError
 from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
-from podnet.state import store
+from podnet.state import quota, store
 from podnet.state.ipam import Ipam, PoolExhausted
 from podnet.state.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
 
@@ -35,6 +37,10 @@ LEADER_WAIT = 3.0
 
 class AllocError(RuntimeError):
     pass
+
+
+class NoAddress(AllocError):
+    """The pod network has no address left for this node (the request, not podnetd, fails)."""
 
 
 @dataclass
@@ -88,6 +94,11 @@ class Allocator:
     vni_min: int
     vni_max: int
     node_ips: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def slots(self) -> quota.Slots:
+        """Users' quota slots (state/quota.py)."""
+        return quota.Slots(self.etcd, self.keys)
 
     # -- users -------------------------------------------------------------------------
     def user_vni(self, user: str, uid: int) -> int:
@@ -479,47 +490,92 @@ class Allocator:
         self.etcd.txn(owner, name_ops)
         self.ipam.mark(job.ips, used=False)
 
+    # -- one address of a node (logins, containers) --------------------------------------
+    def _place(
+        self,
+        node: str,
+        records: Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
+        reads: list[dict[str, Any]],
+    ) -> tuple[str | None, store.TxnResult]:
+        """One attempt at an address of `node`'s blocks (claiming a block if they are full)
+        and its records (`records(ip)`: what else to compare, what to put), in one
+        transaction that creates the address if absent; (the address, or None when the
+        transaction lost, and its result: `reads` are read when it lost)."""
+        new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
+        try:
+            ip = self.next_address(node, new_blocks)
+        except PoolExhausted:
+            self._release([], new_blocks)
+            raise NoAddress("the pod network has no free address block") from None
+        if ip is None:
+            raise NoAddress("no free address")
+        compare, puts = records(ip)
+        compare = [*compare, cmp_absent(self.keys.ip(ip))]
+        ops = []
+        for blk, n in new_blocks:
+            compare.append(cmp_absent(self.keys.block(str(blk))))
+            ops.append(op_put(self.keys.block(str(blk)), {"node": n}))
+        r = self.etcd.txn(compare, ops + puts, reads)
+        if r.succeeded:
+            self.ipam.mark([ip])
+            self.ipam.release_pending([ip])
+            self.ipam.confirm_blocks(blk for blk, _n in new_blocks)
+            return ip, r
+        self._release([ip], new_blocks)
+        return None, r
+
     # -- logins ------------------------------------------------------------------------
-    def allocate_login(self, node: str, user: str, uid: int, vni: int, lease: int) -> str:
-        """The login IP of `user` on `node` (on `lease`); idempotent."""
+    def allocate_login(
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        lease: int,
+        limits: dict[str, int] | None = None,
+    ) -> tuple[str, dict[str, int]]:
+        """The login IP of `user` on `node` (on `lease`) and the quota slots it holds;
+        idempotent. `limits` (kind -> limit: `logins`, `addresses`; None: not limited)
+        are taken in the same transaction (QuotaExceeded when one is full)."""
         key = self.keys.login(node, user)
         for attempt in range(MAX_ATTEMPTS):
             kv = self.etcd.get(key)
             if kv:
-                return str(kv.json()["ip"])
-            new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
-            try:
-                ip = self.next_address(node, new_blocks)
-            except PoolExhausted:
-                self._release([], new_blocks)
-                raise AllocError("the pod network has no free address block") from None
-            if ip is None:
-                raise AllocError("no free address")
-            compare = [cmp_absent(key), cmp_absent(self.keys.ip(ip))]
-            ops = []
-            for blk, n in new_blocks:
-                compare.append(cmp_absent(self.keys.block(str(blk))))
-                ops.append(op_put(self.keys.block(str(blk)), {"node": n}))
-            ops += self.login_record_ops(node, user, uid, vni, ip, lease)
-            r = self.etcd.txn(compare, ops)
-            if r.succeeded:
-                self.ipam.mark([ip])
-                self.ipam.release_pending([ip])
-                self.ipam.confirm_blocks(blk for blk, _n in new_blocks)
-                return ip
-            self._release([ip], new_blocks)
+                d = kv.json()
+                return str(d["ip"]), quota.slots_of(d)
+            claim = self.slots.claim(user, limits or {}, key, lease)
+
+            def records(
+                ip: str, claim: quota.Claim = claim
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                ops = self.login_record_ops(node, user, uid, vni, ip, lease, claim.slots)
+                return [cmp_absent(key), *claim.compare], [*claim.ops, *ops]
+
+            ip, _r = self._place(node, records, [])
+            if ip is not None:
+                return ip, claim.slots
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate a login address for {user} (contention)")
 
     def login_record_ops(
-        self, node: str, user: str, uid: int, vni: int, ip: str, lease: int
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        ip: str,
+        lease: int,
+        slots: dict[str, int] | None = None,
     ) -> list[dict[str, Any]]:
-        """The keys of a login pod, all on the node's lease: `logins/<node>/<user>`, its
-        IP, `<node>.login.<user>.<zone>` and the PTR."""
+        """The keys of a login pod, all on the node's lease: `logins/<node>/<user>` (with
+        the quota slots it holds), its IP, `<node>.login.<user>.<zone>` and the PTR."""
         label = login_label(node)
+        record: dict[str, Any] = {"ip": ip, "uid": uid}
+        if slots:
+            record["slots"] = slots
         return [
-            op_put(self.keys.login(node, user), {"ip": ip, "uid": uid}, lease),
+            op_put(self.keys.login(node, user), record, lease),
             op_put(
                 self.keys.ip(ip), {"kind": "login", "node": node, "user": user, "vni": vni}, lease
             ),
@@ -533,21 +589,152 @@ class Allocator:
             ),
         ]
 
+    def republish_login(
+        self,
+        node: str,
+        user: str,
+        uid: int,
+        vni: int,
+        ip: str,
+        lease: int,
+        slots: dict[str, int],
+    ) -> dict[str, int]:
+        """A live login pod's records again (adoption after a restart, the node's new
+        lease), with its quota slots (kept, or others if another login took them while
+        the records were gone: a live pod is never refused). Returns the slots."""
+        key = self.keys.login(node, user)
+        for attempt in range(MAX_ATTEMPTS):
+            kv = self.etcd.get(key)
+            held = quota.slots_of(kv.json()) if kv else {}
+            claim = self.slots.keep(user, held or slots, key, lease)
+            r = self.etcd.txn(
+                claim.compare,
+                [*claim.ops, *self.login_record_ops(node, user, uid, vni, ip, lease, claim.slots)],
+            )
+            if r.succeeded:
+                return claim.slots
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not write the login records of {user} (contention)")
+
     def release_login(self, node: str, user: str) -> None:
         key = self.keys.login(node, user)
         kv = self.etcd.get(key)
         if not kv:
             return
-        ip = str(kv.json()["ip"])
+        d = kv.json()
+        ip = str(d["ip"])
         self.etcd.put_many(
             [
                 op_delete(key),
                 op_delete(self.keys.ip(ip)),
                 op_delete(ptr_key(ip)),
                 op_delete(f"{zone_path(self.zone)}/{user}/login/{login_label(node)}"),
+                *self.slots.release_ops(user, quota.slots_of(d)),
             ]
         )
         self.ipam.mark([ip], used=False)
+
+    # -- containers --------------------------------------------------------------------
+    def allocate_container(
+        self, node: str, ns: str, user: str, vni: int, dns_name: str, record: dict[str, Any]
+    ) -> str:
+        """An address of this node's block for the container `ns` and its records, one
+        transaction (the address and the name are created if absent); returns the IP,
+        also set as `record["ip"]` (the container's record, `Keys.container`).
+        `dns_name`: `<label>.<user>.<zone>` (or "": none)."""
+        label = _label(dns_name)
+        name_key = self.keys.name(user, label) if label else ""
+
+        def records(ip: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            record["ip"] = ip
+            claims = [op_put(name_key, container_owner(ns, node))] if name_key else []
+            ops = self.container_record_ops(node, ns, user, vni, ip, dns_name, record)
+            return ([cmp_absent(name_key)] if name_key else []), claims + ops
+
+        for attempt in range(MAX_ATTEMPTS):
+            ip, r = self._place(node, records, [op_get(name_key)] if name_key else [])
+            if ip is not None:
+                return ip
+            if name_key and r.range_kvs(0):
+                raise PodnetError(
+                    "EEXIST", f"the name {label}.{user}.{self.zone} is taken (a job or container)"
+                )
+            self.load_view()
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not allocate a container address for {user} (contention)")
+
+    def container_record_ops(
+        self,
+        node: str,
+        ns: str,
+        user: str,
+        vni: int,
+        ip: str,
+        dns_name: str,
+        record: dict[str, Any],
+    ) -> list[dict[str, Any]]:
+        """A container's keys: its IP, its record, `<label>/ctr` of its DNS name and the PTR."""
+        label = _label(dns_name)
+        ops = [
+            op_put(
+                self.keys.ip(ip),
+                {"kind": "container", "node": node, "user": user, "vni": vni, "ns": ns},
+            ),
+            op_put(self.keys.container(node, ns), record),
+        ]
+        if label:
+            ops.append(op_put(self._ctr_key(user, label), {"host": ip, "ttl": RECORD_TTL}))
+            ops.append(op_put(ptr_key(ip), {"host": dns_name, "ttl": RECORD_TTL}))
+        return ops
+
+    def get_container(self, node: str, ns: str) -> dict[str, Any] | None:
+        """The record of the container `ns` on `node` (None: etcd has none)."""
+        kv = self.etcd.get(self.keys.container(node, ns))
+        return None if kv is None else dict(kv.json())
+
+    def republish_container(
+        self,
+        node: str,
+        ns: str,
+        user: str,
+        vni: int,
+        ip: str,
+        dns_name: str,
+        record: dict[str, Any],
+    ) -> None:
+        """The container's records again (adopted after a restart)."""
+        self.etcd.put_many(self.container_record_ops(node, ns, user, vni, ip, dns_name, record))
+
+    def release_container(self, node: str, ns: str, user: str, ip: str, dns_name: str) -> None:
+        label = _label(dns_name)
+        ops = [
+            op_delete(self.keys.ip(ip)),
+            op_delete(self.keys.container(node, ns)),
+            op_delete(ptr_key(ip)),
+        ]
+        if label:
+            ops.append(op_delete(self._ctr_key(user, label)))
+            name_key = self.keys.name(user, label)
+            # one round trip: the name's claim goes only while it is this container's
+            self.etcd.txn(
+                [cmp_value(name_key, container_owner(ns, node))], [*ops, op_delete(name_key)], ops
+            )
+        else:
+            self.etcd.put_many(ops)
+        self.ipam.mark([ip], used=False)
+
+    def _ctr_key(self, user: str, label: str) -> str:
+        """SkyDNS record of a container's name (`<label>.<user>.<zone>`)."""
+        return f"{zone_path(self.zone)}/{user}/{label}/ctr"
+
+
+def _label(dns_name: str) -> str:
+    return dns_name.split(".", 1)[0] if dns_name else ""
+
+
+def container_owner(ns: str, node: str) -> str:
+    """Value of `names/<user>/<label>` a container holds (compared verbatim)."""
+    return store.json_dumps({"container": ns, "node": node})
 
 
 def name_owner(job_id: int) -> str:

@@ -5,7 +5,9 @@
 (TCP). The external port is taken with a create-if-absent transaction, so two users never
 get the same one. A user publishes only pods of their own jobs (podnetd checks the job's
 owner against the caller's uid from SO_PEERCRED) and at most `publish.max` ports (the
-gateway policy). The gateways drop a record when its job is gone.
+gateway policy): the same transaction takes one of the user's `published` quota slots
+(state/quota.py), so two requests at once never pass the limit together. The gateways
+drop a record when its job is gone (its slot is then stale, and reclaimed).
 
 `gateway/config` = `{"external_ip", "ports": "lo-hi"}` (written by hpc.podnet.gateway).
 """
@@ -20,7 +22,11 @@ from podnet.errors import PodnetError
 from podnet.names import Keys, job_label
 from podnet.policy_format import PolicyError
 from podnet.state.gwpolicy import Policy, parse_policy, publish_max
-from podnet.state.store import Etcd, cmp_absent, op_put
+from podnet.state.quota import Slots, slots_of
+from podnet.state.store import Etcd, cmp_absent, cmp_value, op_delete, op_get, op_put
+
+#: transactions per port before giving up on it (each loses only to another request)
+MAX_ATTEMPTS = 20
 
 
 def _get_json(etcd: Etcd, key: str) -> Any:
@@ -88,6 +94,7 @@ def list_published(etcd: Etcd, keys: Keys, uid: int | None) -> list[dict[str, An
         try:
             d = kv.json()
             d["external_port"] = int(kv.key.rsplit("/", 1)[-1])
+            d.pop("slots", None)  # the quota's bookkeeping (state/quota.py)
         except (ValueError, TypeError):
             continue
         if uid is None or d.get("uid") == uid:
@@ -95,22 +102,22 @@ def list_published(etcd: Etcd, keys: Keys, uid: int | None) -> list[dict[str, An
     return sorted(out, key=lambda d: d["external_port"])
 
 
+def limit_of(etcd: Etcd, keys: Keys, user: str) -> int:
+    """How many ports `user` may publish (the gateway policy's `publish.max`)."""
+    g, u = policies(etcd, keys, user)
+    return publish_max(g, u)
+
+
 def publish(
     etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int, port: int
 ) -> dict[str, Any]:
     t = resolve(etcd, keys, uid, root, job, pod)
     ext_ip, lo, hi = gateway_config(etcd, keys)
-    mine = list_published(etcd, keys, t.uid)
-    for d in mine:  # idempotent: the same pod and port again returns the same address
+    for d in list_published(etcd, keys, t.uid):  # idempotent: the same pod and port again
         if d.get("job_id") == t.job_id and d.get("pod") == t.pod and d.get("port") == port:
             return {**d, "address": f"{ext_ip}:{d['external_port']}"}
-    g, u = policies(etcd, keys, t.user)
-    limit = publish_max(g, u)
-    if len(mine) >= limit:
-        raise PodnetError(
-            "EPERM",
-            f"{t.user} may publish {limit} port(s) (gateway policy) and has {len(mine)}",
-        )
+    limit = limit_of(etcd, keys, t.user)
+    slots = Slots(etcd, keys)
     taken = {d["external_port"] for d in list_published(etcd, keys, None)}
     candidates = ([port] if lo <= port <= hi else []) + list(range(lo, hi + 1))
     rec = {"user": t.user, "uid": t.uid, "job_id": t.job_id, "pod": t.pod, "ip": t.ip, "port": port}
@@ -118,16 +125,37 @@ def publish(
         if ext in taken:
             continue
         key = keys.published(ext)
-        if etcd.txn([cmp_absent(key)], [op_put(key, rec)]).succeeded:
-            return {**rec, "external_port": ext, "address": f"{ext_ip}:{ext}"}
+        # the port and one of the user's quota slots in one transaction (state/quota.py):
+        # it fails when another request took the port (next port) or the slot (again)
+        for _attempt in range(MAX_ATTEMPTS):
+            claim = slots.claim(t.user, {"published": limit}, key)
+            r = etcd.txn(
+                [cmp_absent(key), *claim.compare],
+                [op_put(key, {**rec, "slots": claim.slots}), *claim.ops],
+                [op_get(key)],
+            )
+            if r.succeeded:
+                return {**rec, "external_port": ext, "address": f"{ext_ip}:{ext}"}
+            if r.range_kvs(0):
+                break
         taken.add(ext)
     raise PodnetError("EUNAVAIL", f"no free gateway port in {lo}-{hi}")
 
 
 def unpublish(etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int, port: int) -> int:
     t = resolve(etcd, keys, uid, root, job, pod)
+    slots = Slots(etcd, keys)
     n = 0
     for d in list_published(etcd, keys, t.uid):
         if d.get("job_id") == t.job_id and d.get("pod") == t.pod and d.get("port") == port:
-            n += etcd.delete(keys.published(d["external_port"]))
+            key = keys.published(d["external_port"])
+            kv = etcd.get(key)
+            if kv is None:
+                continue
+            # the record and its quota slot go together (only while the record is this one)
+            r = etcd.txn(
+                [cmp_value(key, kv.value)],
+                [op_delete(key), *slots.release_ops(t.user, slots_of(kv.json()))],
+            )
+            n += int(r.succeeded)
     return n

@@ -122,6 +122,11 @@ def cmp_absent(key: str) -> dict[str, Any]:
     return {"key": b64(key), "target": "CREATE", "result": "EQUAL", "create_revision": "0"}
 
 
+def cmp_mod(key: str, revision: int) -> dict[str, Any]:
+    """The key was last written at `revision` (0: the key is absent)."""
+    return {"key": b64(key), "target": "MOD", "result": "EQUAL", "mod_revision": str(revision)}
+
+
 @dataclass
 class TxnResult:
     succeeded: bool
