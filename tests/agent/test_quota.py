@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLUSTER, HOST_IP, POD_CIDR, ZONE, EtcdServer, Node, sh, user_call
+from conftest import CLUSTER, HOST_IP, POD_CIDR, ZONE, EtcdServer, Node, sh, user_call, wait_for
 from podnet.api.client import ApiError
 
 # real users of the test host (no user is created): daemon and bin
@@ -252,3 +253,127 @@ def test_published_ports_racing_never_pass_the_gateway_policy_limit(
     finally:
         for n in (n20, n21):
             n.call("job_down", job_id=2201)
+
+
+class Containers:
+    """A user's containers: `unshare -rn sleep` processes wired through their /proc path
+    (what a CNI runtime passes), deleted at the end."""
+
+    def __init__(self) -> None:
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.added: list[tuple[Node, str, int]] = []
+
+    def netns(self, uid: int) -> str:
+        setpriv = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+        p = subprocess.Popen([*setpriv, "unshare", "-rn", "sleep", "600"])
+        self.procs.append(p)
+        me = os.readlink("/proc/self/ns/net")
+        wait_for(lambda: os.readlink(f"/proc/{p.pid}/ns/net") != me)
+        return f"/proc/{p.pid}/ns/net"
+
+    def add(self, node: Node, uid: int, cid: str) -> dict[str, Any]:
+        """container_add as the user; the reply (a refusal: ok False, code, message)."""
+        r = user_call(
+            node, uid, "container_add", container_id=cid, ifname="eth0", netns=self.netns(uid)
+        )
+        if r.get("ok"):
+            self.added.append((node, cid, uid))
+        return r
+
+    def close(self) -> None:
+        for node, cid, uid in self.added:
+            node.call("container_del", container_id=cid, ifname="eth0", uid=uid)
+        for p in self.procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.fixture
+def ctrs() -> Iterator[Containers]:
+    c = Containers()
+    yield c
+    c.close()
+
+
+def test_containers_over_the_node_and_cluster_quotas_refused_other_user_unaffected(
+    qnodes: list[Node], ctrs: Containers
+) -> None:
+    n20, n21, _n22 = qnodes
+    assert ctrs.add(n20, A_UID, "q-a1")["ok"]
+    assert ctrs.add(n20, A_UID, "q-a2")["ok"]
+    r = ctrs.add(n20, A_UID, "q-a3")
+    assert r.get("code") == "EQUOTA", r
+    assert f"containers per user on a node on n20 is 2, and {A_USER} holds 2" in r["message"]
+    # bob's containers on the same node are his own count
+    assert ctrs.add(n20, B_UID, "q-b1")["ok"]
+    # the cluster's: 3 (two on n20, one on n21), the next one anywhere is refused
+    assert ctrs.add(n21, A_UID, "q-a4")["ok"]
+    r = ctrs.add(n21, A_UID, "q-a5")
+    assert r.get("code") == "EQUOTA", r
+    assert f"containers per user is 3, and {A_USER} holds 3" in r["message"]
+    mine = [p for n in qnodes for p in n.call("pods")["pods"] if p["uid"] == A_UID]
+    assert len(mine) == 3
+
+
+def test_addresses_count_login_pods_and_containers_together(
+    qnodes: list[Node], ctrs: Containers, holders: list[subprocess.Popen[bytes]]
+) -> None:
+    n20, n21, n22 = qnodes
+    try:
+        hold_login(n20, A_UID, holders)
+        hold_login(n21, A_UID, holders)
+        assert ctrs.add(n22, A_UID, "q-ad1")["ok"]
+        assert ctrs.add(n22, A_UID, "q-ad2")["ok"]
+        r = ctrs.add(n21, A_UID, "q-ad3")
+        assert r.get("code") == "EQUOTA", r
+        assert "addresses per user (containers and login pods) is 4" in r["message"]
+        assert f"{A_USER} holds 4" in r["message"]
+        # a released login pod gives its address back
+        n20.call("login_release", uid=A_UID)
+        assert ctrs.add(n21, A_UID, "q-ad3")["ok"]
+    finally:
+        release_all_logins(qnodes, A_UID)
+
+
+def test_containers_racing_on_two_nodes_never_pass_the_cluster_limit(
+    qnodes: list[Node], ctrs: Containers
+) -> None:
+    """Two slots left of 3, three requests at once on two other nodes: exactly two pass."""
+    n20, n21, n22 = qnodes
+    assert ctrs.add(n20, A_UID, "q-base")["ok"]
+    for i in range(4):
+        results = race(
+            functools.partial(ctrs.add, n21, A_UID, f"q-r{i}a"),
+            functools.partial(ctrs.add, n22, A_UID, f"q-r{i}b"),
+            functools.partial(ctrs.add, n22, A_UID, f"q-r{i}c"),
+        )
+        ok = [r for r in results if r.get("ok")]
+        refused = [r for r in results if not r.get("ok")]
+        assert len(ok) == 2 and len(refused) == 1, results
+        assert refused[0]["code"] == "EQUOTA", results
+        for node, cid, uid in [a for a in ctrs.added if a[1].startswith(f"q-r{i}")]:
+            node.call("container_del", container_id=cid, ifname="eth0", uid=uid)
+            ctrs.added.remove((node, cid, uid))
+
+
+def test_a_changed_limit_applies_without_a_restart(
+    qnodes: list[Node], qetcd: EtcdServer, holders: list[subprocess.Popen[bytes]]
+) -> None:
+    """The role writes the inventory's limits to the cluster configuration; podnetd reads
+    them again within 10 s (quota.LiveLimits)."""
+    n20, n21, _ = qnodes
+    key = f"/podnet/{CLUSTER}/config"
+    config = qetcd.client.get_json(key)
+    try:
+        hold_login(n20, A_UID, holders)
+        qetcd.client.put(key, {**config, "quota_login_pods": 1})
+
+        def refused() -> bool:
+            r = user_call(n21, A_UID, "login_acquire")
+            n21.call("login_release", uid=A_UID)
+            return r.get("code") == "EQUOTA" and "login pods per user is 1" in r["message"]
+
+        wait_for(refused, 30, 1.0)
+    finally:
+        qetcd.client.put(key, config)
+        release_all_logins(qnodes, A_UID)

@@ -143,6 +143,9 @@ class NodeConfig:
     #: containers (`container_add`, the podnet CNI plugin) for users without a job pod on
     #: this node (login nodes: HPK outside a job); False: only beside a job pod
     containers_outside_jobs: bool = False
+    #: seconds a container whose network namespace never held a process is kept (a
+    #: runtime that wires the namespace before it starts the container's process)
+    container_grace: float = 30.0
     #: host_users resolved to uids (at load; not a setting)
     host_uids: list[int] = field(default_factory=lambda: [0])
 
@@ -217,6 +220,8 @@ class NodeConfig:
             c.gc_interval = _num(d["gc_interval"], "gc_interval", where, 0.2, 86400)
         if "user_net_linger" in d:
             c.user_net_linger = _num(d["user_net_linger"], "user_net_linger", where, 0, 86400)
+        if "container_grace" in d:
+            c.container_grace = _num(d["container_grace"], "container_grace", where, 0, 86400)
         if "read_timeout" in d:
             c.read_timeout = _num(d["read_timeout"], "read_timeout", where, 0.05, 600)
         if "max_connections" in d:

@@ -47,3 +47,27 @@ def test_stepd_rule_sits_between_the_system_uids_and_the_user_drop() -> None:
     assert out[rule + 1] == "ip daddr 198.18.0.0/15 meta skuid 0-4294967295 drop"
     # no cgroup v2: no exception, every user socket to a pod is dropped as before
     assert not any("cgroupv2" in ln for ln in _output(""))
+
+
+def test_a_cgroup_made_again_is_noticed(tmp_path: Path) -> None:
+    """systemd's shutdown removes empty cgroups (in the lab, any node's, since the nodes
+    share one hierarchy): the same path is then another cgroup, which the loaded rule does
+    not match, and podnetd's quiet sync pass reloads the rules."""
+    (tmp_path / "cgroup.controllers").write_text("\n")
+    c = firewall.StepdCgroup(tmp_path)
+    assert c.ensure() == "podnet-stepd"
+    assert not c.moved()
+    (tmp_path / "podnet-stepd").rmdir()
+    assert c.moved()  # gone
+    (tmp_path / "podnet-stepd").mkdir()
+    c.ensure()
+    (tmp_path / "podnet-stepd").rename(tmp_path / "old")  # kept: its inode is not reused
+    (tmp_path / "podnet-stepd").mkdir()
+    assert c.moved()  # another cgroup at the same path (cgroup ids are never reused)
+    c.ensure()
+    assert not c.moved()
+    # after a failure: tried again, not at once
+    c.failed(retry_after=0.0)
+    assert c.moved()
+    c.failed(retry_after=60.0)
+    assert not c.moved()

@@ -76,6 +76,8 @@ class Agent:
         # etcd round trips that overlap with netlink work (job_up)
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
         self._rooms: _Rooms | None = None
+        #: the quotas (the cluster configuration's, followed while running)
+        self.quotas = quota.LiveLimits(self.etcd, self.keys)
 
     @property
     def rooms(self) -> _Rooms:
@@ -118,6 +120,7 @@ class Agent:
     def start(self) -> None:
         cfg = self.cfg
         cc = self.load_cluster_config()
+        self.quotas.set(quota.Limits.of(cc))
         self.state.mkdir(parents=True, exist_ok=True)
         Path(cfg.resolv_dir).mkdir(parents=True, exist_ok=True)
         rooms = self._rooms = _Rooms.build(self, cc)
@@ -127,6 +130,7 @@ class Agent:
         rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
         rooms.sync.refresh_nodes()
         rooms.reconcile.reconcile()
+        rooms.containers.release_unadopted()
         rooms.reconcile.reclaim_lost(self.job_down)
         rooms.sync.sync_routes()
         rooms.sync.watch(rev, self.stop)
@@ -311,7 +315,7 @@ class Agent:
         """The cluster-wide limits a login pod of `uid` counts against (None: none)."""
         if not self.limited(uid):
             return None
-        q = quota.Limits.of(self.cluster)
+        q = self.quotas.get()
         return {"logins": q.logins, "addresses": q.addresses}
 
     def quota_usage(self, uid: int) -> dict[str, Any]:
@@ -322,7 +326,7 @@ class Agent:
             raise PodnetError("EINVAL", f"uid {uid} has no user name") from None
         if not self.limited(uid):
             return {"user": user, "limited": False, "limits": []}
-        q = quota.Limits.of(self.cluster)
+        q = self.quotas.get()
         used = self.rooms.alloc.slots.usage(user, ("containers", "addresses", "logins"))
         here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
         rows = [
@@ -518,7 +522,17 @@ class _Rooms:
         )
         wiring = PodWiring(dp, fw, cc)
         containers = Containers(
-            cfg.node, cc, agent.pods, nets, alloc, dp, wiring, cfg.containers_outside_jobs
+            cfg.node,
+            cc,
+            agent.pods,
+            nets,
+            alloc,
+            dp,
+            wiring,
+            cfg.containers_outside_jobs,
+            frozenset({0, *cfg.host_uids}),
+            agent.quotas.get,
         )
+        containers.collector.grace = cfg.container_grace
         reconcile.adopt_container = containers.adopt
         return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers)

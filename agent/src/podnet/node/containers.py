@@ -24,8 +24,14 @@ Who owns it is what the kernel says, never what the request claims:
 
 podnetd keeps a bind mount of every container's namespace at `<netns_dir>/pn-c<hex>`,
 which makes it adoptable after a restart like any pod; the etcd record
-`containers/<node>/<pn-c...>` says whose it is. A container whose process is gone is
-released by the container loop (every `CONTAINER_GC_SECONDS`); DEL releases it at once.
+`containers/<node>/<pn-c...>` says whose it is, and which namespace (device, inode and
+cookie of the one podnetd wired, and the boot). A container whose recorded process is
+gone, or whose namespace holds no process any more however it was named, is released by
+the container loop (every `CONTAINER_GC_SECONDS`, node/collect.py); DEL releases it at once.
+At start, records of this node whose namespace is not here any more (a reboot) are released.
+
+Quotas (state/quota.py): a user's containers on this node are counted here, under the
+user's lock; their containers and addresses in the cluster by the allocation's transaction.
 
 This module is the lifecycle and the rules; the layers below do the work, through the
 calls pods use: what the kernel says of a namespace is `kernel.nsfs`, the interface is
@@ -42,17 +48,23 @@ import os
 import pwd
 import re
 import threading
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from podnet.config import ClusterConfig
 from podnet.errors import PodnetError
-from podnet.kernel.dataplane import Dataplane
+from podnet.kernel import nsscan
+from podnet.kernel.dataplane import Dataplane, NewNetns
 from podnet.kernel.nsfs import NsFacts, alive, host_proc_path, open_netns, proc_start
+from podnet.kernel.nsscan import NsId
 from podnet.names import CONTAINER_NS_PREFIX as PREFIX
 from podnet.names import container_netns as ns_name
 from podnet.names import is_container_netns as is_container_ns
+from podnet.node.collect import Collector
 from podnet.node.pods import Pod, PodTable, PodWiring
 from podnet.node.usernets import UserNetworks
+from podnet.state import quota
 from podnet.state.alloc import Allocator, NoAddress
 
 log = logging.getLogger("podnet.containers")
@@ -109,7 +121,7 @@ def decide_owner(caller_uid: int, facts: NsFacts, asked_uid: int | None) -> int:
 
 def container_json(pod: Pod) -> dict[str, Any]:
     """A container's record in etcd (`Keys.container`): what adoption rebuilds it from."""
-    return {
+    d: dict[str, Any] = {
         "user": pod.user,
         "uid": pod.uid,
         "ip": pod.ip,
@@ -122,6 +134,27 @@ def container_json(pod: Pod) -> dict[str, Any]:
         "source": pod.source,
         "created": pod.created,
     }
+    if pod.ns_id is not None:
+        d["ns"] = {
+            "dev": pod.ns_id.dev,
+            "ino": pod.ns_id.ino,
+            "cookie": pod.ns_cookie,
+            "boot": nsscan.boot_id(),
+        }
+    if pod.slots:
+        d["slots"] = pod.slots
+    return d
+
+
+def recorded_ns(d: dict[str, Any]) -> tuple[NsId, int, str] | None:
+    """(namespace, cookie, boot) of a container's record; None for a record without."""
+    ns = d.get("ns")
+    if not isinstance(ns, dict):
+        return None
+    try:
+        return NsId(int(ns["dev"]), int(ns["ino"])), int(ns["cookie"]), str(ns["boot"])
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _dns_name(pod: Pod) -> str:
@@ -142,6 +175,8 @@ class Containers:
         dp: Dataplane,
         wiring: PodWiring,
         outside_jobs: bool,
+        unlimited: frozenset[int] = frozenset({0}),
+        limits: Callable[[], quota.Limits] | None = None,
     ) -> None:
         self.node = node
         self.cc = cc
@@ -152,6 +187,11 @@ class Containers:
         self.wiring = wiring
         #: containers also without a job of their owner here (agent_containers_outside_jobs)
         self.outside_jobs = outside_jobs
+        #: uids no quota applies to (root, host_users), and the quotas now
+        self.unlimited = unlimited
+        self.limits = limits or (lambda: quota.Limits.of(cc))
+        self.collector = Collector()
+        self._gc_lock = threading.Lock()
 
     # -- add ---------------------------------------------------------------------------
     def add(
@@ -230,6 +270,7 @@ class Containers:
             pod = self.pods.get(name)
             if pod is not None:
                 return pod
+            limits = self._limits(uid, user)
             vni, bri = self.nets.ensure(user, uid)
             pod = Pod(
                 "container",
@@ -248,16 +289,25 @@ class Containers:
                 source=source,
             )
             try:
+                # the namespace first: its identity goes into the record
+                ns = self.wiring.new_container_netns(name, bri, ifname, fd)
+            except BaseException:
+                self.nets.release(vni, uid)
+                raise
+            try:
+                self._identify(pod, ns)
+                record = container_json(pod)
                 pod.ip = self.alloc.allocate_container(
-                    self.node, name, user, vni, _dns_name(pod), container_json(pod)
+                    self.node, name, user, vni, _dns_name(pod), record, limits
                 )
+                pod.slots = quota.slots_of(record)
             except BaseException as e:
+                self.dp.discard(ns)
                 self.nets.release(vni, uid)
                 if isinstance(e, NoAddress):
                     raise PodnetError("EUNAVAIL", str(e)) from None
                 raise
             try:
-                ns = self.wiring.new_container_netns(name, bri, ifname, fd)
                 self.wiring.build(pod, [f"{user}.{cc.zone}"], ns)
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -268,8 +318,30 @@ class Containers:
         log.info("container %s (%s) of %s: %s %s", container_id, ifname, user, name, pod.ip)
         return pod
 
+    def _limits(self, uid: int, user: str) -> dict[str, int] | None:
+        """The cluster-wide limits a container of `uid` takes slots of (None: not
+        limited); QuotaExceeded when the user's containers on this node are at their
+        limit (the caller holds the user's lock: the count cannot change meanwhile)."""
+        if uid in self.unlimited:
+            return None
+        q = self.limits()
+        here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
+        if here >= q.containers_per_node:
+            raise quota.QuotaExceeded(
+                user, "containers_per_node", q.containers_per_node, here, self.node
+            )
+        return {"containers": q.containers, "addresses": q.addresses}
+
+    def _identify(self, pod: Pod, ns: NewNetns) -> None:
+        """The namespace podnetd holds at the pod's file (its bind mount) and its cookie
+        (from the netlink socket `new_netns` opened inside it): what the record keeps."""
+        pod.ns_id = nsscan.ns_of(pod.netns)
+        pod.ns_cookie = nsscan.cookie(ns.nl.sock)
+
     def _release_records(self, pod: Pod) -> None:
-        self.alloc.release_container(self.node, pod.name, pod.user, pod.ip, _dns_name(pod))
+        self.alloc.release_container(
+            self.node, pod.name, pod.user, pod.ip, _dns_name(pod), pod.slots
+        )
 
     # -- del ---------------------------------------------------------------------------
     def find(self, caller_uid: int, container_id: str, ifname: str, uid: int | None) -> Pod | None:
@@ -302,15 +374,18 @@ class Containers:
 
     # -- GC and adoption ---------------------------------------------------------------
     def gc_once(self) -> list[str]:
+        """Release the containers node/collect.py finds dead; their names."""
         gone = []
-        for p in self.pods.all():
-            if p.kind == "container" and p.pid and not alive(p.pid, p.pid_start):
-                log.info("GC: container %s of %s: process %d gone", p.name, p.user, p.pid)
-                try:
-                    if self.delete(p):
-                        gone.append(p.name)
-                except Exception:
-                    log.exception("GC of container %s failed", p.name)
+        with self._gc_lock:  # the loop and container_gc: one pass at a time
+            dead = self.collector.dead(self.pods.all())
+        for v in dead:
+            p = v.pod
+            log.info("GC: container %s (%s) of %s: %s", p.name, p.container_id, p.user, v.why)
+            try:
+                if self.delete(p):
+                    gone.append(p.name)
+            except Exception:
+                log.exception("GC of container %s failed", p.name)
         return gone
 
     def run(self, stop: threading.Event) -> None:
@@ -341,17 +416,70 @@ class Containers:
             source=str(d.get("source", "")),
             created=float(d.get("created", 0)),
         )
+        pod.slots = quota.slots_of(d)
         pod.veth = self.dp.pod_veth(name, pod.ifname) or ""
-        if pod.veth and (not pod.pid or alive(pod.pid, pod.pid_start)):
+        same = self._same_namespace(pod, d)
+        if pod.veth and same and (not pod.pid or alive(pod.pid, pod.pid_start)):
+            record = container_json(pod)
             self.alloc.republish_container(
-                self.node, name, pod.user, pod.vni, pod.ip, _dns_name(pod), container_json(pod)
+                self.node, name, pod.user, pod.vni, pod.ip, _dns_name(pod), record
             )
+            pod.slots = quota.slots_of(record)
             return pod
+        if not same:
+            log.warning(
+                "container %s: the namespace at %s is not the one recorded", name, pod.netns
+            )
         with contextlib.suppress(Exception):
             self.wiring.remove_kernel(pod)
         with contextlib.suppress(Exception):
             self._release_records(pod)
         return None
+
+    def _same_namespace(self, pod: Pod, d: dict[str, Any]) -> bool:
+        """Whether the namespace at the pod's file is the one its record names (same
+        boot, device, inode and cookie); sets the pod's identity from the file. A record
+        of an older podnet names none: the file's is taken (podnetd's own bind mount)."""
+        here = nsscan.ns_of(pod.netns)
+        if here is None:
+            return False
+        try:
+            cookie = self.dp.host.run_in(Path(pod.netns), nsscan.cookie_here)
+        except OSError:
+            return False
+        pod.ns_id, pod.ns_cookie = here, cookie
+        rec = recorded_ns(d)
+        if rec is None:
+            return True
+        ns, rec_cookie, boot = rec
+        return ns == here and rec_cookie == cookie and boot == nsscan.boot_id()
+
+    def release_unadopted(self) -> list[str]:
+        """At start, after adoption: release the records of containers of this node that
+        were not adopted (their namespace is gone: a reboot, or the file was removed)."""
+        done = []
+        for name in self.alloc.container_names(self.node):
+            if self.pods.get(name) is not None:
+                continue
+            d = self.alloc.get_container(self.node, name)
+            if d is None:
+                continue
+            try:
+                dns = [str(x) for x in d.get("names", [])]
+                self.alloc.release_container(
+                    self.node,
+                    name,
+                    str(d["user"]),
+                    str(d["ip"]),
+                    dns[0] if dns else "",
+                    quota.slots_of(d),
+                )
+            except (KeyError, TypeError, ValueError):
+                log.warning("container record %s is unreadable: left as it is", name)
+                continue
+            log.info("container %s of %s: its namespace is gone, records released", name, d["user"])
+            done.append(name)
+        return done
 
 
 __all__ = [

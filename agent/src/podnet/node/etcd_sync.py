@@ -168,6 +168,8 @@ class EtcdSync:
                 # a gateway's failover test): put back what etcd says, if anything is gone
                 try:
                     self.sync_routes()
+                    if self.fw.stepd_moved():  # slurmstepd's cgroup made again: new id
+                        self.resync_firewall()
                     if self.on_idle is not None:
                         self.on_idle()
                 except Exception:

@@ -19,6 +19,7 @@ from podnet.config import ClusterConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.kernel.firewall import Firewall
+from podnet.kernel.nsscan import NsId
 from podnet.names import login_label
 from podnet.state.alloc import Job
 
@@ -47,6 +48,11 @@ class Pod:
     source: str = ""
     #: the quota slots it holds (state/quota.py; logins and containers of limited users)
     slots: dict[str, int] = field(default_factory=dict)
+    #: a container's network namespace as podnetd wired it (node/collect.py): nsfs device
+    #: and inode, its cookie; whether a process was seen in it since podnetd started
+    ns_id: NsId | None = None
+    ns_cookie: int = 0
+    ns_seen: bool = False
 
     @property
     def foreign_netns(self) -> bool:
@@ -55,7 +61,7 @@ class Pod:
 
     def public(self) -> dict[str, Any]:
         d = asdict(self)
-        for k in ("veth", "vni", "pid_start", "slots"):
+        for k in ("veth", "vni", "pid_start", "slots", "ns_id", "ns_cookie", "ns_seen"):
             d.pop(k, None)
         if self.kind != "container":
             for k in ("container_id", "ifname", "pid", "source"):
@@ -145,9 +151,10 @@ class PodTable:
         with self._lock:
             return any(p.vni == vni for p in self._pods.values())
 
-    def fw_ports(self) -> list[tuple[str, str, str]]:
-        """(veth, MAC, IP) of every wired pod: the firewall's anti-spoofing set."""
-        return [(p.veth, nl.mac_for_ip(p.ip), p.ip) for p in self.all() if p.veth]
+    def fw_ports(self) -> list[tuple[str, str, str, int]]:
+        """(veth, MAC, IP, VNI) of every wired pod: the firewall's anti-spoofing set and
+        fast path."""
+        return [(p.veth, nl.mac_for_ip(p.ip), p.ip, p.vni) for p in self.all() if p.veth]
 
 
 class PodWiring:
@@ -171,7 +178,7 @@ class PodWiring:
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
         try:
-            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip, pod.vni)
         except Exception:
             self.remove_kernel(pod)
             raise

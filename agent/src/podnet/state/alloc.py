@@ -636,22 +636,39 @@ class Allocator:
 
     # -- containers --------------------------------------------------------------------
     def allocate_container(
-        self, node: str, ns: str, user: str, vni: int, dns_name: str, record: dict[str, Any]
+        self,
+        node: str,
+        ns: str,
+        user: str,
+        vni: int,
+        dns_name: str,
+        record: dict[str, Any],
+        limits: dict[str, int] | None = None,
     ) -> str:
         """An address of this node's block for the container `ns` and its records, one
         transaction (the address and the name are created if absent); returns the IP,
         also set as `record["ip"]` (the container's record, `Keys.container`).
-        `dns_name`: `<label>.<user>.<zone>` (or "": none)."""
+        `dns_name`: `<label>.<user>.<zone>` (or "": none). `limits` (kind -> limit:
+        `containers`, `addresses`; None: not limited): quota slots taken in the same
+        transaction (QuotaExceeded when one is full), set as `record["slots"]`."""
         label = _label(dns_name)
         name_key = self.keys.name(user, label) if label else ""
-
-        def records(ip: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-            record["ip"] = ip
-            claims = [op_put(name_key, container_owner(ns, node))] if name_key else []
-            ops = self.container_record_ops(node, ns, user, vni, ip, dns_name, record)
-            return ([cmp_absent(name_key)] if name_key else []), claims + ops
+        owner = self.keys.container(node, ns)
 
         for attempt in range(MAX_ATTEMPTS):
+            claim = self.slots.claim(user, limits or {}, owner)
+            if claim.slots:
+                record["slots"] = claim.slots
+
+            def records(
+                ip: str, claim: quota.Claim = claim
+            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+                record["ip"] = ip
+                claims = [op_put(name_key, container_owner(ns, node))] if name_key else []
+                ops = self.container_record_ops(node, ns, user, vni, ip, dns_name, record)
+                compare = [cmp_absent(name_key)] if name_key else []
+                return [*compare, *claim.compare], [*claims, *claim.ops, *ops]
+
             ip, r = self._place(node, records, [op_get(name_key)] if name_key else [])
             if ip is not None:
                 return ip
@@ -702,15 +719,43 @@ class Allocator:
         dns_name: str,
         record: dict[str, Any],
     ) -> None:
-        """The container's records again (adopted after a restart)."""
-        self.etcd.put_many(self.container_record_ops(node, ns, user, vni, ip, dns_name, record))
+        """The container's records again (adopted after a restart), with the quota slots
+        `record` lists (kept, or others if they were taken meanwhile: a live container
+        is never refused; `record["slots"]` is updated)."""
+        owner = self.keys.container(node, ns)
+        for attempt in range(MAX_ATTEMPTS):
+            claim = self.slots.keep(user, quota.slots_of(record), owner)
+            if claim.slots:
+                record["slots"] = claim.slots
+            ops = self.container_record_ops(node, ns, user, vni, ip, dns_name, record)
+            if self.etcd.txn(claim.compare, [*claim.ops, *ops]).succeeded:
+                return
+            time.sleep(min(0.01 * (attempt + 1), 0.2))
+        raise AllocError(f"could not write the records of container {ns} back (contention)")
 
-    def release_container(self, node: str, ns: str, user: str, ip: str, dns_name: str) -> None:
+    def container_names(self, node: str) -> list[str]:
+        """The containers etcd has records of on `node` (their netns names)."""
+        prefix = self.keys.container(node, "")
+        kvs = self.etcd.get_prefix(prefix, keys_only=True)[0]
+        return [kv.key[len(prefix) :] for kv in kvs]
+
+    def release_container(
+        self,
+        node: str,
+        ns: str,
+        user: str,
+        ip: str,
+        dns_name: str,
+        slots: dict[str, int] | None = None,
+    ) -> None:
+        """Delete a container's records, its name (while it is the container's) and the
+        quota slots it holds."""
         label = _label(dns_name)
         ops = [
             op_delete(self.keys.ip(ip)),
             op_delete(self.keys.container(node, ns)),
             op_delete(ptr_key(ip)),
+            *self.slots.release_ops(user, slots or {}),
         ]
         if label:
             ops.append(op_delete(self._ctr_key(user, label)))

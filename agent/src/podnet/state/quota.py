@@ -24,11 +24,14 @@ under the user's lock (node layer).
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from podnet.config import ClusterConfig
+from podnet.config import ClusterConfig, ConfigError
 from podnet.errors import PodnetError
 from podnet.names import Keys
 from podnet.state.store import (
@@ -44,6 +47,8 @@ from podnet.state.store import (
     op_get,
     op_put,
 )
+
+log = logging.getLogger("podnet.quota")
 
 #: the cluster-wide kinds (slot keys); `containers_per_node` is counted by podnetd
 KINDS = ("containers", "addresses", "logins", "published")
@@ -79,6 +84,37 @@ class Limits:
             cc.quota_addresses,
             cc.quota_login_pods,
         )
+
+
+class LiveLimits:
+    """The cluster's limits as etcd's `config` says now: read again at most every `ttl`
+    seconds, so a changed inventory applies within that on every node without a restart
+    (an unreadable configuration keeps the limits read last)."""
+
+    def __init__(self, etcd: Etcd, keys: Keys, ttl: float = 10.0) -> None:
+        self.etcd, self.keys, self.ttl = etcd, keys, ttl
+        self._limits: Limits | None = None
+        self._read = 0.0
+        self._lock = threading.Lock()
+
+    def set(self, limits: Limits) -> None:
+        """The limits of the configuration podnetd started with (read again after `ttl`)."""
+        with self._lock:
+            self._limits, self._read = limits, time.monotonic()
+
+    def get(self) -> Limits:
+        with self._lock:
+            if self._limits is not None and time.monotonic() - self._read < self.ttl:
+                return self._limits
+            self._read = time.monotonic()
+            try:
+                d = self.etcd.get_json(self.keys.config)
+                self._limits = Limits.of(ClusterConfig.from_dict(d, "etcd config", strict=False))
+            except (EtcdUnavailable, EtcdRequestError, ConfigError, ValueError) as e:
+                if self._limits is None:
+                    raise PodnetError("EUNAVAIL", f"quota limits unreadable: {e}") from None
+                log.warning("quota limits: %s; keeping the last ones", e)
+            return self._limits
 
 
 class QuotaExceeded(PodnetError):
