@@ -74,7 +74,7 @@ job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 ip -br -4 addr s
 if [ "$(grep -c ' 198\.1[89]\.' <<<"$job")" = 2 ]; then ok "a 2-node job runs in its pods"; else ko "a job in its pods" "$job"; fi
 
 # 3. reset: the site's Slurm as the site left it
-if "$playbook" "${common[@]}" "$(book reset)" -e podnet_reset_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"
+if "$playbook" "${common[@]}" "$(book reset)" -e podnet_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"
 else ko "reset.yml" "$(grep -m3 -A8 'fatal:' "$out/3-reset.log")"; fi
 etc_slurm >"$out/3-after.txt"
 if diff -u "$out/2-before.txt" "$out/3-after.txt" >"$out/3-diff.txt"; then ok "reset leaves /etc/slurm as the site had it"

@@ -1,6 +1,6 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Remove podnet's kernel state on this node (playbooks/reset.yml): pod network namespaces,
+# Remove podnet's kernel state on this node (role hpc.podnet.reset, playbooks/reset.yml): pod network namespaces,
 # the pods' PID 1 (podnet-init, which ends every process of the pod), PID namespace
 # files, podnet's links (pnbr<vni>, pnvx<vni>, pnv<hex>; flanneld's flannel.1), its
 # nftables tables (the gateway's inet podnet_gw included) and the pods' resolv.conf
