@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """Regenerate agent/src/podnet/state/etcdpb/_descriptor.py: etcd's gRPC API (the KV, Watch,
 Lease, Maintenance and Auth services of etcdserverpb, with mvccpb and authpb) as a
 serialized protobuf FileDescriptorSet, from the .proto files of etcd's own Go module.
 
-    agent/artifacts/gen-etcdpb.py [ETCD_API_VERSION]     (default: the version below)
+    python3 agent/artifacts/gen-etcdpb.py [ETCD_API_VERSION]     (default: the version below)
 
 Needs `go` (the .proto files come from the Go module proxy: `go mod download
 go.etcd.io/etcd/api/v3@<version>`) and `grpcio-tools` (protoc) in the running Python. The
