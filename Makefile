@@ -35,10 +35,10 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
-  suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
+  check check-tests suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
 
 help:
-	@echo "make lab | lab-down | lab-status | test | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
+	@echo "make lab | lab-down | lab-status | test | check | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
 
 ## --- dependencies -----------------------------------------------------------
 host-deps: $(CACHE_DIR)/host-deps.stamp
@@ -117,6 +117,14 @@ lint: deps
 
 unit: deps
 	$(PY) -m pytest -q $(ROOT)/tests/unit
+
+# What a contributor runs before every commit (a few minutes, no lab): the static checks
+# beside the unit and integration tests (make -j2; -O prints each side whole when it ends).
+check: deps artifacts
+	$(MAKE) --no-print-directory -j2 -O lint check-tests
+check-tests:
+	$(PY) -m pytest -q $(ROOT)/tests/unit
+	$(PY) -m pytest -q $(ROOT)/tests/integration
 
 # CHANGELOG.md from changelogs/ (antsibull-changelog; docs/development.md "Changelog").
 changelog: deps

@@ -5,6 +5,7 @@ conftest.py)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -13,6 +14,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 NATIVE = ROOT / "agent" / "native"
+
+
+def make_env() -> dict[str, str]:
+    """This process's environment without a calling make's job server and flags: under
+    `make -j2 check` they would reach the test's own make ("-jN forced in submake")."""
+    return {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
 
 
 def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -24,6 +31,7 @@ def make(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         errors="replace",
         timeout=timeout,
         check=False,
+        env=make_env(),
     )
 
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 import yaml
-from nativelib import NATIVE, ROOT, cc
+from nativelib import NATIVE, ROOT, cc, make_env
 
 UNITS = {"test_json": 90, "test_transport": 12, "test_pod": 12, "test_session": 34}
 
@@ -426,7 +426,11 @@ def _role_build(tmp: Path, role: str, target: str) -> Path:
         shutil.copy2(NATIVE / name, dest / name)
     for i in range(2):
         res = subprocess.run(
-            ["make", "-C", str(dest), target], capture_output=True, text=True, check=False
+            ["make", "-C", str(dest), target],
+            capture_output=True,
+            text=True,
+            check=False,
+            env=make_env(),
         )
         assert res.returncode == 0, res.stdout + res.stderr
         assert "warning" not in res.stderr

@@ -7,9 +7,13 @@ from __future__ import annotations
 
 import os
 
+import pytest
+from podnet.errors import PodnetError
 from podnet.kernel.nsscan import NsId, scan
 from podnet.node.collect import Collector
-from podnet.node.pods import Pod
+from podnet.node.containers import Containers
+from podnet.node.pods import Pod, PodTable
+from podnet.state.quota import Limits
 
 
 class FakeProc:
@@ -106,3 +110,18 @@ def test_scan_of_this_hosts_proc_finds_its_own_namespace() -> None:
     me = os.stat("/proc/self/ns/net")
     found = scan()
     assert NsId(me.st_dev, me.st_ino) in found
+
+
+def test_quota_of_containers_spares_root_and_host_users() -> None:
+    """Containers._limits: the per-node count refuses a limited user at the limit; root and
+    host_users (`unlimited`) take no slot and are never refused."""
+    c = Containers.__new__(Containers)
+    c.node, c.pods, c.unlimited = "login", PodTable(), frozenset({0, 64030})
+    c.limits = lambda: Limits(2, 10, 12, 8)
+    for i in range(2):
+        c.pods.add(_ctr(f"pn-c{i}", 100 + i))
+    with pytest.raises(PodnetError) as e:
+        c._limits(2001, "alice")
+    assert e.value.code == "EQUOTA" and "on a node on login is 2, and alice holds 2" in str(e.value)
+    assert c._limits(64030, "slurm") is None and c._limits(0, "root") is None
+    assert c._limits(2002, "bob") == {"containers": 10, "addresses": 12}

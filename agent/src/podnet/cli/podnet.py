@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from podnet.api.client import DEFAULT_SOCKET, ApiError, call
+from podnet.cli import verify
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
 from podnet.kernel import capability, nl
 from podnet.names import Keys, is_veth_name
@@ -238,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("target", help="<job>[/pod<n>]: a job id or name, pod index (0)")
         p.add_argument("port", type=int, help="TCP port in the pod")
     sub.add_parser("published", parents=[common], help="my published ports (root: all)")
+    verify.add_parser(sub, [common])
     args = ap.parse_args(argv)
     for key, default in (("socket", DEFAULT_SOCKET), ("config", DEFAULT_CONFIG), ("json", False)):
         if not hasattr(args, key):
@@ -250,6 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             "publish": cmd_publish,
             "unpublish": cmd_unpublish,
             "published": cmd_published,
+            "verify": verify.cmd_verify,
         }[args.cmd](args)
     except ApiError as e:
         print(f"podnet: {e}", file=sys.stderr)
