@@ -26,7 +26,7 @@ version=$("$py" -c 'import tomllib,sys; print(tomllib.load(open(sys.argv[1],"rb"
 out=${PODNET_WHEELHOUSE_DIR:-$cache/artifacts}/podnet-wheelhouse-$version
 deps=$cache/artifacts/wheel-deps  # the dependencies' wheels, shared by every checkout
 # pinned runtime dependencies (the versions the tests run with: agent/requirements.txt)
-pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML)==' "$root/agent/requirements.txt" || true)
+pins=$(grep -E '^(pyroute2|prometheus-client|PyYAML|grpcio|protobuf)==' "$root/agent/requirements.txt" || true)
 # the sources only (never agent/build or other build leftovers): the same sources give the
 # same inputs, and (SOURCE_DATE_EPOCH, built from a clean copy) the same wheel bytes, in any
 # checkout, so the agent role never reinstalls an unchanged podnet
@@ -51,7 +51,7 @@ reqs=$tmp/requirements.txt
     echo "$pins"
     # what pyproject.toml asks for, for anything not pinned above
     "$py" -c 'import tomllib,sys; print("\n".join(tomllib.load(open(sys.argv[1],"rb"))["project"]["dependencies"]))' \
-        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client)[<>=!~ ]' || true
+        "$root/agent/pyproject.toml" | grep -viE '^(pyroute2|prometheus-client|grpcio|protobuf)[<>=!~ ]' || true
 } | sed '/^$/d' >"$reqs"
 download() {
     local node_py=$1

@@ -11,8 +11,9 @@
   works, and works again once the revocation is withdrawn.
 
 etcd authentication itself stays off in this release (docs/roles/etcd.md "Least
-privilege": etcd's JSON gateway, which podnetd speaks, refuses certificates with a common
-name once it is on), so the users' permissions are checked in tests/integration.
+privilege": etcd's JSON gateway, which the collection's modules speak, refuses
+certificates with a common name once it is on), so the users' permissions are checked in
+tests/integration.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""An in-memory etcd with the v3 JSON gateway's transaction semantics (unit tests only).
+"""An in-memory etcd with etcd's transaction semantics (unit tests only).
 
 It implements what `podnet.state.store.Etcd` offers the allocator: get, get_prefix, txn
 (compares on CREATE/VALUE/MOD revisions; put, delete_range, range and count requests),
@@ -8,16 +8,14 @@ put_many. The real etcd is used by tests/agent and tests/integration.
 
 from __future__ import annotations
 
-import base64
 import threading
 from collections.abc import Iterable
 from typing import Any
 
+from podnet.state.etcdpb import message
 from podnet.state.store import KV, TxnResult, op_delete, op_put
 
-
-def _d(s: str) -> str:
-    return base64.b64decode(s).decode("latin-1")
+ResponseOp = message("etcdserverpb.ResponseOp")
 
 
 class FakeEtcd:
@@ -48,55 +46,50 @@ class FakeEtcd:
             return self._range(prefix, end), self.rev
 
     # -- writes --------------------------------------------------------------------------
-    def _compare(self, c: dict[str, Any]) -> bool:
-        kv = self.data.get(_d(c["key"]))
-        target = c["target"]
-        assert c["result"] == "EQUAL", c
-        if target == "CREATE":
-            return (kv.create_revision if kv else 0) == int(c["create_revision"])
-        if target == "MOD":
-            return (kv.mod_revision if kv else 0) == int(c["mod_revision"])
-        if target == "VALUE":
-            return kv is not None and kv.value == _d(c["value"])
+    def _compare(self, c: Any) -> bool:
+        kv = self.data.get(c.key.decode())
+        assert c.result == 0, c  # EQUAL
+        if c.target == 1:  # CREATE
+            return (kv.create_revision if kv else 0) == c.create_revision
+        if c.target == 2:  # MOD
+            return (kv.mod_revision if kv else 0) == c.mod_revision
+        if c.target == 3:  # VALUE
+            return kv is not None and kv.value == c.value.decode()
         raise AssertionError(f"unknown compare {c}")
 
-    def _apply(self, op: dict[str, Any]) -> dict[str, Any]:
-        if "request_put" in op:
-            r = op["request_put"]
-            key, old = _d(r["key"]), self.data.get(_d(r["key"]))
+    def _apply(self, op: Any) -> Any:
+        which = op.WhichOneof("request")
+        if which == "request_put":
+            r = op.request_put
+            key, old = r.key.decode(), self.data.get(r.key.decode())
             created = old.create_revision if old else self.rev
-            self.data[key] = KV(key, _d(r["value"]), created, self.rev, int(r.get("lease", 0)))
-            return {"response_put": {}}
-        if "request_delete_range" in op:
-            r = op["request_delete_range"]
-            end = _d(r["range_end"]) if "range_end" in r else None
-            gone = self._range(_d(r["key"]), end)
+            self.data[key] = KV(key, r.value.decode(), created, self.rev, r.lease)
+            return ResponseOp(response_put={})
+        if which == "request_delete_range":
+            r = op.request_delete_range
+            gone = self._range(r.key.decode(), r.range_end.decode() or None)
             for kv in gone:
                 del self.data[kv.key]
-            return {"response_delete_range": {"deleted": len(gone)}}
-        if "request_range" in op:
-            r = op["request_range"]
-            end = _d(r["range_end"]) if "range_end" in r else None
-            kvs = self._range(_d(r["key"]), end)
-            if r.get("count_only"):
-                return {"response_range": {"count": len(kvs)}}
+            return ResponseOp(response_delete_range={"deleted": len(gone)})
+        if which == "request_range":
+            r = op.request_range
+            kvs = self._range(r.key.decode(), r.range_end.decode() or None)
+            if r.count_only:
+                return ResponseOp(response_range={"count": len(kvs)})
             enc = [
                 {
-                    "key": base64.b64encode(kv.key.encode()).decode(),
-                    "value": base64.b64encode(kv.value.encode()).decode(),
+                    "key": kv.key.encode(),
+                    "value": kv.value.encode(),
                     "create_revision": kv.create_revision,
                     "mod_revision": kv.mod_revision,
                 }
                 for kv in kvs
             ]
-            return {"response_range": {"kvs": enc, "count": len(kvs)}}
+            return ResponseOp(response_range={"kvs": enc, "count": len(kvs)})
         raise AssertionError(f"unknown op {op}")
 
     def txn(
-        self,
-        compare: list[dict[str, Any]],
-        success: list[dict[str, Any]],
-        failure: list[dict[str, Any]] | None = None,
+        self, compare: list[Any], success: list[Any], failure: list[Any] | None = None
     ) -> TxnResult:
         with self.lock:
             self.txns += 1
@@ -105,7 +98,7 @@ class FakeEtcd:
             responses = [self._apply(op) for op in (success if ok else failure or [])]
             return TxnResult(ok, self.rev, responses)
 
-    def put_many(self, ops: Iterable[dict[str, Any]]) -> None:
+    def put_many(self, ops: Iterable[Any]) -> None:
         self.txn([], list(ops))
 
     def put(self, key: str, value: Any, lease: int = 0) -> int:
@@ -113,4 +106,4 @@ class FakeEtcd:
 
     def delete(self, key: str, prefix: bool = False) -> int:
         res = self.txn([], [op_delete(key, prefix)])
-        return int(res.responses[0]["response_delete_range"]["deleted"])
+        return int(res.responses[0].response_delete_range.deleted)

@@ -38,7 +38,7 @@ from podnet.gateway.config import DEFAULT_GATEWAY_CONFIG, GatewayConfig
 from podnet.gateway.nft import ruleset, update
 from podnet.gateway.state import State, read_state
 from podnet.names import Keys
-from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, b64, op_delete
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, cmp_mod, op_delete
 
 log = logging.getLogger("podnet.gateway")
 
@@ -78,13 +78,7 @@ class Gateway:
         st, stale = read_state(self.etcd, self.keys)
         for kv in stale:
             # guarded: a record rewritten meanwhile stays
-            cmp = {
-                "key": b64(kv.key),
-                "target": "MOD",
-                "result": "EQUAL",
-                "mod_revision": str(kv.mod_revision),
-            }
-            self.etcd.txn([cmp], [op_delete(kv.key)])
+            self.etcd.txn([cmp_mod(kv.key, kv.mod_revision)], [op_delete(kv.key)])
             log.info("publication %s released (its job is gone)", kv.key.rsplit("/", 1)[-1])
         cmd = update(self.cur, st) if self.cur is not None else None
         if cmd is None:
