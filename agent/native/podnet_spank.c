@@ -10,6 +10,10 @@
  *                                    threads and before the tasks fork
  *                                    task_init_privileged: verify the task is in
  *                                    the pod, or fail it with a readable message
+ *   step on the host network         (--podnet=no, or no pod) init_post_opt to
+ *                                    user_init: slurmstepd in the cgroup
+ *                                    podnet-stepd, so that its connections to
+ *                                    srun in a pod pass podnetd's host filter
  *   job_prolog (root)                --podnet=no: leave a marker for the
  *                                    extern step (which cannot see options);
  *                                    run by slurmd only if the plugin was in
@@ -777,6 +781,148 @@ static int in_pod(void)
 }
 
 /* ---------------------------------------------------------------------- */
+/*
+ * A step whose slurmstepd stays on the node's host network (--podnet=no, or a
+ * pod it could not join): Slurm opens the step's connections to srun (IO, the
+ * --pty terminal) with the user's effective uid, and srun in a login or job
+ * pod is behind podnetd's host-side filter, which drops every user socket to
+ * the pod network ("Slurmd could not connect IO"). The filter accepts sockets
+ * created in the cgroup PN_STEPD_CGROUP, which podnetd creates and only root
+ * can join: slurmstepd is in it from init_post_opt (before Slurm opens those
+ * connections) to user_init (before it forks the tasks). The tasks are born
+ * in slurmstepd's own cgroup and stay filtered (task_init_privileged checks).
+ */
+#define PN_STEPD_CGROUP "podnet-stepd"
+
+static const char *const cg_mounts[] = { "/sys/fs/cgroup",
+					 "/sys/fs/cgroup/unified" };
+static const char *cg_mnt;          /* cgroup2 mount holding PN_STEPD_CGROUP */
+static char cg_home[PATH_MAX];      /* slurmstepd's own cgroup (under cg_mnt) */
+static pid_t cg_pid;                /* slurmstepd, to move back */
+static int cg_moved;
+
+/* the caller's cgroup v2 path ("0::/path" in /proc/self/cgroup) */
+static int own_cgroup(char *out, size_t sz)
+{
+	char line[PATH_MAX + 8];
+	FILE *f = fopen("/proc/self/cgroup", "re");
+	int rc = -1;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f)) {
+		size_t l = strlen(line);
+
+		if (strncmp(line, "0::", 3) != 0)
+			continue;
+		while (l && line[l - 1] == '\n')
+			line[--l] = '\0';
+		if (strlen(line + 3) < sz) {
+			snprintf(out, sz, "%s", line + 3);
+			rc = 0;
+		}
+		break;
+	}
+	fclose(f);
+	return rc;
+}
+
+static int cg_write_pid(const char *dir, pid_t pid, char *why, size_t whysz)
+{
+	char path[PATH_MAX + 32];
+	int fd, rc = 0;
+
+	if (snprintf(path, sizeof(path), "%s/cgroup.procs", dir) >=
+	    (int) sizeof(path)) {
+		snprintf(why, whysz, "%s: path too long", dir);
+		return -1;
+	}
+	fd = open(path, O_WRONLY | O_CLOEXEC);
+	if (fd < 0 || dprintf(fd, "%d\n", (int) pid) < 0) {
+		snprintf(why, whysz, "%s: %s", path, strerror(errno));
+		rc = -1;
+	}
+	if (fd >= 0 && close(fd) < 0 && !rc) {
+		snprintf(why, whysz, "%s: %s", path, strerror(errno));
+		rc = -1;
+	}
+	return rc;
+}
+
+/* slurmstepd (root) into PN_STEPD_CGROUP; without it (podnetd made none: no
+ * cgroup v2) the step runs as before, and srun in a pod gets no IO */
+static void stepd_cgroup_enter(uint32_t job_id, uint32_t step_id)
+{
+	char dir[PATH_MAX], why[PATH_MAX + 64];
+	size_t i;
+
+	if (own_cgroup(cg_home, sizeof(cg_home)) < 0)
+		return;
+	for (i = 0; i < sizeof(cg_mounts) / sizeof(cg_mounts[0]); i++) {
+		struct stat st;
+
+		snprintf(dir, sizeof(dir), "%s/" PN_STEPD_CGROUP, cg_mounts[i]);
+		if (stat(dir, &st) == 0 && S_ISDIR(st.st_mode)) {
+			cg_mnt = cg_mounts[i];
+			break;
+		}
+	}
+	if (!cg_mnt) {
+		slurm_info("podnet: job %u step %u: no cgroup " PN_STEPD_CGROUP
+			   " (podnetd: no cgroup v2): srun in a pod cannot "
+			   "reach this step", job_id, step_id);
+		return;
+	}
+	cg_pid = getpid();
+	if (cg_write_pid(dir, cg_pid, why, sizeof(why)) < 0) {
+		slurm_error("podnet: job %u step %u: %s", job_id, step_id, why);
+		return;
+	}
+	cg_moved = 1;
+}
+
+/* slurmstepd back to its own cgroup, before the tasks fork (-1: it could not:
+ * the step must not start tasks) */
+static int stepd_cgroup_leave(void)
+{
+	char dir[2 * PATH_MAX], why[2 * PATH_MAX + 64];
+	uid_t euid = geteuid();
+	int rc;
+
+	if (!cg_moved)
+		return 0;
+	snprintf(dir, sizeof(dir), "%s%s", cg_mnt, cg_home);
+	if (euid != 0 && seteuid(0) < 0) {
+		slurm_error("podnet: seteuid(0): %s", strerror(errno));
+		return -1;
+	}
+	rc = cg_write_pid(dir, cg_pid, why, sizeof(why));
+	if (euid != 0 && seteuid(euid) < 0) {
+		slurm_error("podnet: seteuid(%u): %s", (unsigned) euid,
+			    strerror(errno));
+		return -1; /* never go on as root */
+	}
+	if (rc < 0) {
+		slurm_error("podnet: cannot return slurmstepd to its cgroup: "
+			    "%s", why);
+		return -1;
+	}
+	cg_moved = 0;
+	return 0;
+}
+
+/* Is the calling process in PN_STEPD_CGROUP (or below it)? */
+static int in_stepd_cgroup(void)
+{
+	char cg[PATH_MAX];
+	size_t n = strlen("/" PN_STEPD_CGROUP);
+
+	return own_cgroup(cg, sizeof(cg)) == 0 &&
+	       !strncmp(cg, "/" PN_STEPD_CGROUP, n) &&
+	       (cg[n] == '\0' || cg[n] == '/');
+}
+
+/* ---------------------------------------------------------------------- */
 /* SPANK entry points                                                      */
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -812,6 +958,10 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 		extern_step_up(sp, job_id);
 	else
 		step_join(sp, job_id, step_id);
+	/* on the host network, srun may be in a pod (see stepd_cgroup_enter) */
+	if (!joined && step_id != SLURM_EXTERN_CONT &&
+	    step_id != SLURM_BATCH_SCRIPT)
+		stepd_cgroup_enter(job_id, step_id);
 	/* Never fail here: a failing batch step drains the node and requeues
 	 * the job, and srun only prints "Plugin initialization failed".
 	 * Errors are reported in task_init_privileged, where the task's
@@ -827,7 +977,15 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 
 	(void) ac;
 	(void) av;
-	if (spank_context() != S_CTX_REMOTE || opt_out)
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	if (in_stepd_cgroup()) {
+		/* a task there would reach pods from the host network */
+		slurm_error("podnet: task in cgroup " PN_STEPD_CGROUP
+			    " (slurmstepd did not leave it); not started");
+		return -1;
+	}
+	if (opt_out)
 		return 0;
 	(void) spank_get_item(sp, S_TASK_ID, &task);
 	if (pending_error[0]) {
@@ -943,8 +1101,11 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	(void) sp;
 	(void) ac;
 	(void) av;
-	if (spank_context() != S_CTX_REMOTE || pidns_fd < 0 || pid_moved ||
-	    pid_native)
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	if (stepd_cgroup_leave() < 0)
+		return -1;
+	if (pidns_fd < 0 || pid_moved || pid_native)
 		return 0;
 	if (euid != 0 && seteuid(0) < 0) {
 		set_pending("podnet: cannot enter the pod's PID namespace: "
