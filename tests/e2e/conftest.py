@@ -8,10 +8,12 @@ these tests against its own lab (pnmol) in its verify step.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -92,6 +94,32 @@ def lab_inventory() -> Path:
         check=True,
     )
     return Path(r.stdout.strip())
+
+
+@functools.cache
+def component_on(name: str) -> bool:
+    """Whether the lab was deployed with component `name` (apptainer, flannel): the
+    podnet_<name>_enabled of its inventory as c1 sees it (default true; docs/admin-guide.md
+    "Inventory")."""
+    inventory = Path(sys.executable).parent / "ansible-inventory"
+    r = subprocess.run(
+        [str(inventory), "-i", str(lab_inventory()), "--host", "c1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    value = json.loads(r.stdout).get(f"podnet_{name}_enabled", True)
+    return str(value).lower() not in ("false", "no", "0", "off")
+
+
+def needs(component: str) -> pytest.MarkDecorator:
+    """Skip a test that needs `component` only where the lab switched it off; in a lab that
+    has it, a missing component fails the test."""
+    return pytest.mark.skipif(
+        not component_on(component),
+        reason=f"{component} is switched off in this lab (podnet_{component}_enabled: false)",
+    )
 
 
 def pods(node: str) -> list[dict[str, Any]]:

@@ -8,7 +8,9 @@ import base64
 import re
 from pathlib import Path
 
-from conftest import ssh
+from conftest import needs, ssh
+
+pytestmark = needs("apptainer")
 
 # A tiny root file system from the node's own binaries (no image registry in the lab).
 MKROOT = (Path(__file__).resolve().parent / "apptainer-mkroot.sh").read_text()

@@ -28,10 +28,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLUSTER, LAB, POD_CIDR, REPO, etcdctl, pod_of, pods, ssh, wait_for
+from conftest import CLUSTER, LAB, POD_CIDR, REPO, etcdctl, needs, pod_of, pods, ssh, wait_for
 from test_apptainer import install_mkroot
 
 PLUGIN = "/usr/lib/cni/podnet"
+# the plugin's place in the CNI path and the podnet network are the apptainer role's
+pytestmark = needs("apptainer")
 CONF = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
 
 

@@ -11,9 +11,11 @@ import subprocess
 from collections.abc import Iterator
 
 import pytest
-from conftest import pods, scancel, ssh, wait_for
+from conftest import needs, pods, scancel, ssh, wait_for
 from test_apptainer import install_mkroot
 from test_jobs import build_mpi_hello
+
+pytestmark = needs("apptainer")
 
 ROOT = "/opt/podnet-e2e-images"
 SIF = f"{ROOT}/small.sif"  # a few binaries (test_apptainer.MKROOT)
