@@ -1,0 +1,75 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Apptainer and Flannel are a site's choice (docs/admin-guide.md "Inventory"): with
+podnet_apptainer_enabled / podnet_flannel_enabled false, the collection's playbooks that deploy
+them (apptainer.yml, flannel.yml, and site.yml, scale.yml and upgrade.yml through them) run
+none of their tasks. ansible-playbook in check mode against this host (connection local) as
+the only compute node: had any task of the roles run, it would show in the recap (and most
+would fail here: no etcd, no artifacts)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+INVENTORY = """
+all:
+  vars:
+    ansible_connection: local
+    ansible_python_interpreter: "{python}"
+    podnet_cluster_name: t
+    podnet_pod_cidr: 198.18.0.0/15
+    podnet_underlay_ip: 127.0.0.1
+  children:
+    compute:
+      hosts:
+        node1: {{}}
+    login: {{}}
+    etcd:
+      hosts:
+        etcd1: {{}}
+"""
+
+
+def run(inventory: Path, playbook: str, *args: str, ok: bool = True) -> str:
+    env = {
+        **os.environ,
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "build/collections"),
+        "ANSIBLE_NOCOLOR": "1",
+    }
+    r = subprocess.run(
+        [BIN / "ansible-playbook", "-i", inventory, REPO / "playbooks" / playbook, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (r.returncode == 0) == ok, r.stdout[-4000:] + r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize(
+    ("playbook", "switch"),
+    [
+        ("apptainer.yml", "podnet_apptainer_enabled"),
+        ("flannel.yml", "podnet_flannel_enabled"),
+    ],
+)
+def test_a_component_switched_off_runs_nothing(tmp_path: Path, playbook: str, switch: str) -> None:
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY.format(python=sys.executable))
+    out = run(inventory, playbook, "--check", "-e", f"{switch}=false")
+    recap = out[out.rindex("PLAY RECAP") :]
+    assert "node1" in recap and "ok=0 " in recap and "changed=0 " in recap, out[-3000:]
+    assert "failed=0 " in recap, out[-3000:]
+    # the control: switched on (the default), the role's tasks run (and stop here, no etcd)
+    out = run(inventory, playbook, "--check", ok=False)
+    recap = out[out.rindex("PLAY RECAP") :]
+    assert "ok=0 " not in recap or "failed=0 " not in recap, out[-3000:]
