@@ -31,11 +31,14 @@ REPO = Path(__file__).resolve().parents[3]
 PLAY = Path(__file__).resolve().parent / "converge.yml"
 INVENTORY = os.environ.get("PODNET_ETCD_LAB_INVENTORY", "")
 KEY = "/podnet/lab-etcd-test/durable"
-# The member's own server certificate: the admin one is only on the first member (ctl).
+# The member's own copy of the gateway login (the admin certificate is only on the first
+# member, ctl; etcd's JSON gateway takes no name from a certificate once authentication is on).
 PKI = {
     "ca_cert": "/etc/etcd/pki/ca.crt",
-    "client_cert": "/etc/etcd/pki/server.crt",
-    "client_key": "/etc/etcd/pki/server.key",
+    "client_cert": "/etc/etcd/pki/admin-gateway.crt",
+    "client_key": "/etc/etcd/pki/admin-gateway.key",
+    "login_user": "admin-gateway",
+    "login_password_file": "/etc/etcd/pki/admin-gateway.password",
 }
 
 pytestmark = pytest.mark.skipif(
