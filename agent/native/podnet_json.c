@@ -20,41 +20,6 @@
 /* JSON string escaping                                                     */
 /* ======================================================================= */
 
-/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
-static size_t utf8_seq_len(const unsigned char *s, size_t n)
-{
-	unsigned char c = s[0];
-	size_t need, i;
-	unsigned long cp;
-
-	if (c < 0x80)
-		return 1;
-	if (c >= 0xc2 && c <= 0xdf) {
-		need = 2;
-		cp = c & 0x1f;
-	} else if (c >= 0xe0 && c <= 0xef) {
-		need = 3;
-		cp = c & 0x0f;
-	} else if (c >= 0xf0 && c <= 0xf4) {
-		need = 4;
-		cp = c & 0x07;
-	} else {
-		return 0;
-	}
-	if (n < need)
-		return 0;
-	for (i = 1; i < need; i++) {
-		if ((s[i] & 0xc0) != 0x80)
-			return 0;
-		cp = (cp << 6) | (s[i] & 0x3f);
-	}
-	/* overlong forms, surrogates, beyond U+10FFFF */
-	if ((need == 3 && cp < 0x800) || (need == 4 && cp < 0x10000) ||
-	    (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-		return 0;
-	return need;
-}
-
 long pn_json_escape(char *out, size_t outsz, const char *in, size_t inlen)
 {
 	static const char hex[] = "0123456789abcdef";
@@ -94,7 +59,7 @@ long pn_json_escape(char *out, size_t outsz, const char *in, size_t inlen)
 			tmp[0] = (char) c;
 			tl = 1;
 		} else {
-			seq = utf8_seq_len(s + i, inlen - i);
+			seq = pn_utf8_len(s + i, inlen - i);
 			if (seq) {
 				src = (const char *) (s + i);
 				tl = seq;
@@ -288,17 +253,6 @@ static void jws(jp_t *j)
 		j->p++;
 }
 
-static int hexval(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
 static int read_hex4(jp_t *j, unsigned long *cp)
 {
 	int i, v;
@@ -307,7 +261,7 @@ static int read_hex4(jp_t *j, unsigned long *cp)
 		return jfail_at(j, "truncated \\u escape");
 	*cp = 0;
 	for (i = 0; i < 4; i++) {
-		v = hexval(j->p[i]);
+		v = pn_hexval(j->p[i]);
 		if (v < 0)
 			return jfail_at(j, "bad \\u escape");
 		*cp = (*cp << 4) | (unsigned long) v;
@@ -316,56 +270,11 @@ static int read_hex4(jp_t *j, unsigned long *cp)
 	return 0;
 }
 
-/* Appends bytes to dst (capacity dstsz incl. NUL); tracks overflow. */
-typedef struct {
-	char *dst;
-	size_t sz;
-	size_t len;
-	int overflow;
-} jout_t;
-
-static void jout_put(jout_t *o, const char *s, size_t n)
-{
-	if (!o->dst)
-		return;
-	if (o->overflow || o->len + n + 1 > o->sz) {
-		o->overflow = 1;
-		return;
-	}
-	memcpy(o->dst + o->len, s, n);
-	o->len += n;
-	o->dst[o->len] = '\0';
-}
-
-static size_t utf8_encode(unsigned long cp, char *b)
-{
-	if (cp < 0x80) {
-		b[0] = (char) cp;
-		return 1;
-	}
-	if (cp < 0x800) {
-		b[0] = (char) (0xc0 | (cp >> 6));
-		b[1] = (char) (0x80 | (cp & 0x3f));
-		return 2;
-	}
-	if (cp < 0x10000) {
-		b[0] = (char) (0xe0 | (cp >> 12));
-		b[1] = (char) (0x80 | ((cp >> 6) & 0x3f));
-		b[2] = (char) (0x80 | (cp & 0x3f));
-		return 3;
-	}
-	b[0] = (char) (0xf0 | (cp >> 18));
-	b[1] = (char) (0x80 | ((cp >> 12) & 0x3f));
-	b[2] = (char) (0x80 | ((cp >> 6) & 0x3f));
-	b[3] = (char) (0x80 | (cp & 0x3f));
-	return 4;
-}
-
 /*
  * Parses a JSON string at j->p (which must be '"'). If o->dst is set the
  * decoded text is stored there; embedded NULs are refused in that case.
  */
-static int jstring(jp_t *j, jout_t *o)
+static int jstring(jp_t *j, pn_buf_t *o)
 {
 	if (j->p >= j->end || *j->p != '"')
 		return jfail_at(j, "expected a string");
@@ -387,14 +296,14 @@ static int jstring(jp_t *j, jout_t *o)
 				return jfail_at(j, "truncated escape");
 			j->p++;
 			switch (*j->p) {
-			case '"': jout_put(o, "\"", 1); j->p++; break;
-			case '\\': jout_put(o, "\\", 1); j->p++; break;
-			case '/': jout_put(o, "/", 1); j->p++; break;
-			case 'b': jout_put(o, "\b", 1); j->p++; break;
-			case 'f': jout_put(o, "\f", 1); j->p++; break;
-			case 'n': jout_put(o, "\n", 1); j->p++; break;
-			case 'r': jout_put(o, "\r", 1); j->p++; break;
-			case 't': jout_put(o, "\t", 1); j->p++; break;
+			case '"': pn_buf_put(o, "\"", 1); j->p++; break;
+			case '\\': pn_buf_put(o, "\\", 1); j->p++; break;
+			case '/': pn_buf_put(o, "/", 1); j->p++; break;
+			case 'b': pn_buf_put(o, "\b", 1); j->p++; break;
+			case 'f': pn_buf_put(o, "\f", 1); j->p++; break;
+			case 'n': pn_buf_put(o, "\n", 1); j->p++; break;
+			case 'r': pn_buf_put(o, "\r", 1); j->p++; break;
+			case 't': pn_buf_put(o, "\t", 1); j->p++; break;
 			case 'u':
 				j->p++;
 				if (read_hex4(j, &cp) < 0)
@@ -415,7 +324,7 @@ static int jstring(jp_t *j, jout_t *o)
 				}
 				if (cp == 0 && o->dst)
 					return jfail_at(j, "NUL character in string");
-				jout_put(o, b, utf8_encode(cp, b));
+				pn_buf_put(o, b, pn_utf8_put(cp, b));
 				break;
 			default:
 				return jfail_at(j, "invalid escape");
@@ -423,15 +332,15 @@ static int jstring(jp_t *j, jout_t *o)
 			continue;
 		}
 		if (c >= 0x80) {
-			size_t n = utf8_seq_len((const unsigned char *) j->p,
+			size_t n = pn_utf8_len((const unsigned char *) j->p,
 						(size_t) (j->end - j->p));
 			if (!n)
 				return jfail_at(j, "invalid UTF-8 in string");
-			jout_put(o, j->p, n);
+			pn_buf_put(o, j->p, n);
 			j->p += n;
 			continue;
 		}
-		jout_put(o, j->p, 1);
+		pn_buf_put(o, j->p, 1);
 		j->p++;
 	}
 	return jfail_at(j, "unterminated string");
@@ -529,7 +438,7 @@ static int jbool(jp_t *j, int *b)
 static int jstr_field(jp_t *j, int *seen, char *dst, size_t dstsz,
 		      const char *name, int may_truncate)
 {
-	jout_t o = { dst, dstsz, 0, 0 };
+	pn_buf_t o = { dst, dstsz, 0, 0 };
 	char msg[96];
 
 	if ((*seen)++) {
@@ -655,7 +564,7 @@ static int jobject(jp_t *j, enum jctx ctx)
 	}
 	for (;;) {
 		char key[32];
-		jout_t o = { key, sizeof(key), 0, 0 };
+		pn_buf_t o = { key, sizeof(key), 0, 0 };
 
 		key[0] = '\0'; /* jstring writes nothing for "" */
 		jws(j);
@@ -709,7 +618,7 @@ static int jarray(jp_t *j)
 static int jvalue(jp_t *j, enum jctx ctx)
 {
 	int rc, b;
-	jout_t none = { NULL, 0, 0, 0 };
+	pn_buf_t none = { NULL, 0, 0, 0 };
 
 	jws(j);
 	if (j->p >= j->end)
@@ -802,33 +711,5 @@ int pn_parse_reply(const char *line, size_t len, pn_reply_t *out, char *why,
 	if (!out->ok && !j.seen_msg)
 		pn_fmt(out->err_msg, sizeof(out->err_msg), "%s",
 		       out->err_code);
-	return 0;
-}
-
-/* ======================================================================= */
-/* Integers                                                                 */
-/* ======================================================================= */
-
-int pn_parse_uint(const char *s, unsigned long long min, unsigned long long max,
-		  unsigned long long *out)
-{
-	unsigned long long v = 0;
-	size_t i;
-
-	if (!s || !*s || strlen(s) > 20)
-		return -1;
-	for (i = 0; s[i]; i++) {
-		unsigned d;
-
-		if (s[i] < '0' || s[i] > '9')
-			return -1;
-		d = (unsigned) (s[i] - '0');
-		if (v > (ULLONG_MAX - d) / 10)
-			return -1;
-		v = v * 10 + d;
-	}
-	if (v < min || v > max)
-		return -1;
-	*out = v;
 	return 0;
 }

@@ -5,9 +5,10 @@
  *
  * Part of the podnetd client shared by the SPANK plugin (podnet_spank.c) and
  * the PAM session module (pam_podnet.c); podnet_transport.h carries the lines,
- * podnet_pod.h enters the pod a reply names. Pure functions over caller
- * buffers: no I/O, no allocation, no global state. Safe inside slurmstepd and
- * in a privileged process.
+ * podnet_pod.h enters the pod a reply names, podnet_util.h holds the UTF-8
+ * and buffer helpers underneath. Pure functions over caller buffers: no I/O,
+ * no allocation, no global state. Safe inside slurmstepd and in a privileged
+ * process.
  *
  * Wire format: one JSON object per line each way, at most PN_MAX_LINE bytes.
  */
@@ -84,9 +85,5 @@ typedef struct {
  */
 int pn_parse_reply(const char *line, size_t len, pn_reply_t *out, char *why,
 		   size_t whysz);
-
-/* Parses a base-10 unsigned integer in [min, max]; 0 ok, -1 bad. */
-int pn_parse_uint(const char *s, unsigned long long min, unsigned long long max,
-		  unsigned long long *out);
 
 #endif /* PODNET_JSON_H */

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "podnet_session.h"
+#include "podnet_util.h"
 
 #define PN_MAX_GROUPS 1024
 

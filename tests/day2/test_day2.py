@@ -103,7 +103,7 @@ def test_restore_brings_back_deleted_keys_and_keeps_later_jobs(work: Workload) -
         "-e",
         f"podnet_restore_from={BACKUP['path']}",
         "-e",
-        "podnet_restore_confirm=yes",
+        "podnet_confirm=yes",
     )
     # the snapshot's keys are back
     assert etcdctl(f"get {rec} --print-value-only").strip() == before
@@ -183,7 +183,7 @@ def test_reset_spare_node_leaves_slurm_and_ssh_working(work: Workload) -> None:
     # scale.yml put Flannel there too (the lab runs it on compute nodes)
     assert "flannel.1" in ssh(SPARE, "ip -br link").stdout
     t0 = time.time()
-    playbook("reset.yml", "--limit", SPARE, "-e", "podnet_reset_confirm=yes")
+    playbook("reset.yml", "--limit", SPARE, "-e", "podnet_confirm=yes")
     left = ssh(
         SPARE,
         "ls /etc/systemd/system/podnetd.service /etc/ssh/sshd_config.d/50-podnet.conf "
@@ -201,14 +201,14 @@ def test_reset_spare_node_leaves_slurm_and_ssh_working(work: Workload) -> None:
     assert out.split() and "198.18." not in out and "198.19." not in out, out
     # root still gets in
     assert ssh(SPARE, "echo in").stdout.strip() == "in"
-    out, _ = playbook("reset.yml", "--limit", SPARE, "-e", "podnet_reset_confirm=yes")
+    out, _ = playbook("reset.yml", "--limit", SPARE, "-e", "podnet_confirm=yes")
     assert recap(out)[SPARE]["changed"] == 0, out[-3000:]
     work.check("reset", t0)
 
 
 def test_remove_node_leaves_no_key_naming_it(work: Workload) -> None:
     t0 = time.time()
-    playbook("remove_node.yml", "-e", f"podnet_remove_nodes={SPARE}")
+    playbook("remove_node.yml", "-e", f"podnet_remove_nodes={SPARE}", "-e", "podnet_confirm=yes")
     keys = etcdctl(f"get --prefix /podnet/{CLUSTER}/ --keys-only").split()
     assert not [k for k in keys if k.split("/")[-1] == SPARE or f"/{SPARE}/" in k], keys
     blocks = etcdctl(f"get --prefix /podnet/{CLUSTER}/blocks/")
@@ -217,7 +217,9 @@ def test_remove_node_leaves_no_key_naming_it(work: Workload) -> None:
     nodes = ssh("login", "sinfo -h -N -o %N").stdout.split()
     assert SPARE not in nodes, nodes
     assert ssh(SPARE, "systemctl is-active slurmd", check=False).stdout.strip() != "active"
-    out, _ = playbook("remove_node.yml", "-e", f"podnet_remove_nodes={SPARE}")
+    out, _ = playbook(
+        "remove_node.yml", "-e", f"podnet_remove_nodes={SPARE}", "-e", "podnet_confirm=yes"
+    )
     assert all(c["changed"] == 0 for h, c in recap(out).items() if h != SPARE), out[-3000:]
     work.check("remove_node", t0)
 

@@ -113,9 +113,11 @@ def wait_for(fn: Any, timeout: float = 60.0, step: float = 0.5) -> Any:
 
 
 def sbatch(user: str, name: str, nodes: str = "c1,c2", script: str = "sleep 600") -> int:
+    """A job of `user`, submitted as users submit: from their SSH session on the login
+    node (their login pod)."""
     out = ssh(
-        "login",
-        f"cd /tmp && runuser -u {user} -- sbatch --parsable -J {name} -w {nodes} "
+        f"{user}@login",
+        f"cd /tmp && sbatch --parsable -J {name} -w {nodes} "
         f"-N {len(nodes.split(','))} -o /tmp/{name}-%j.out --wrap '{script}'",
     ).stdout
     job = int(re.findall(r"\d+", out)[0])
@@ -148,13 +150,12 @@ def pod_of(node: str, job: int) -> dict[str, Any]:
     return next(p for p in pods(node) if p.get("job_id") == job)
 
 
-def in_pod(
-    node: str, netns: str, cmd: str, check: bool = True, user: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    """`ip netns exec` (also the pod's resolv.conf) on a node, optionally as a user."""
+def in_pod(node: str, netns: str, cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`ip netns exec` (also the pod's resolv.conf) on a node, as root: what an admin sees
+    of a pod's network. A user's process in a pod is started as users do: an SSH session
+    (`ssh("alice@c1", ...)` joins her job's pod there) or a step from the login node."""
     name = Path(netns).name
-    run = f"runuser -u {user} -- " if user else ""
-    return ssh(node, f"ip netns exec {name} {run}{cmd}", check=check)
+    return ssh(node, f"ip netns exec {name} {cmd}", check=check)
 
 
 @pytest.fixture(scope="session")

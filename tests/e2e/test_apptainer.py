@@ -24,8 +24,8 @@ def install_mkroot(node: str) -> str:
 
 def alice_srun(args: str, cmd: str, timeout: float = 180) -> str:
     return ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun -N1 -w c1 -t 5 {args} {cmd}",
+        "alice@login",
+        f"cd /tmp && srun -N1 -w c1 -t 5 {args} {cmd}",
         timeout=timeout,
     ).stdout
 

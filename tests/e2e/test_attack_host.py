@@ -134,17 +134,19 @@ def _log(node: str, path: str) -> list[str]:
 
 
 def _listen(node: str, pod: dict[str, Any], log: str) -> None:
-    """A listener in bob's pod as bob (TCP_PORT; UDP_PORT and VX_INNER_PORT)."""
+    """A listener in bob's pod (TCP_PORT; UDP_PORT and VX_INNER_PORT), started by bob as
+    bob does: SSH to the node, which puts him in his job's pod there."""
     ssh(node, f"rm -f {log}")
     _put(node, "/tmp/e2e-host-listen.py", LISTENER)
-    in_pod(
-        node,
-        pod["netns"],
-        f"sh -c 'timeout 100 python3 /tmp/e2e-host-listen.py {log} {TCP_PORT} {UDP_PORT} "
-        f"{VX_INNER_PORT} >/dev/null 2>&1 &'",
-        user="bob",
+    ssh(
+        f"bob@{node}",
+        f"setsid -f timeout 100 python3 /tmp/e2e-host-listen.py {log} {TCP_PORT} {UDP_PORT} "
+        f"{VX_INNER_PORT} >/dev/null 2>&1 </dev/null",
     )
     wait_for(lambda: "ready" in _log(node, log), 30)
+    # in the pod the attacks aim at (his job's), else nothing arriving would prove nothing
+    listening = in_pod(node, pod["netns"], "ss -ltn").stdout
+    assert f":{TCP_PORT} " in listening, f"bob's listener is not in {pod['netns']}: {listening}"
 
 
 def _stop_listeners() -> None:
@@ -185,20 +187,18 @@ def test_host_processes_reach_no_pod_and_forge_no_vxlan(jobs: dict[str, int]) ->
             "host_port": 6818,  # slurmd on c1: the host network itself stays reachable
         }
         out = ssh(
-            "login",
-            "cd /tmp && runuser -u alice -- srun --podnet=no -N1 -w c2 -t 2 sh -c "
+            "alice@login",
+            "cd /tmp && srun --podnet=no -N1 -w c2 -t 2 sh -c "
             f"'python3 /tmp/e2e-host-probe.py {_b64(probe)}; "
             f"python3 /tmp/e2e-host-forge.py {_b64(forge)}'",
             timeout=120,
         ).stdout
         res = json.loads(out.split("PROBE ", 1)[1].splitlines()[0])
         forged_host = out.strip().splitlines()[-1]
-        # the same frames from alice's pod on c2
-        forged_pod = in_pod(
-            "c2",
-            a2["netns"],
-            f"python3 /tmp/e2e-host-forge.py {_b64({**forge, 'sport': 41000})}",
-            user="alice",
+        # the same frames from alice's pod on c2 (her SSH session there is in it)
+        del a2
+        forged_pod = ssh(
+            "alice@c2", f"python3 /tmp/e2e-host-forge.py {_b64({**forge, 'sport': 41000})}"
         ).stdout
         time.sleep(2)
         got = {n: _log(n, p) for n, p in logs.items()}
@@ -230,9 +230,8 @@ def test_host_processes_reach_no_pod_and_forge_no_vxlan(jobs: dict[str, int]) ->
 
 def test_job_step_sees_only_its_own_interfaces(jobs: dict[str, int]) -> None:
     out = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun --jobid={jobs['alice']} --overlap -N1 -w c1 "
-        "ls /sys/class/net",
+        "alice@login",
+        f"cd /tmp && srun --jobid={jobs['alice']} --overlap -N1 -w c1 ls /sys/class/net",
     ).stdout
     assert sorted(out.split()) == ["eth0", "lo"], out
 
@@ -250,8 +249,8 @@ def test_native_mpi_job_with_default_settings_beside_pods(jobs: dict[str, int]) 
         pod_of("c2", jobs[user])
     prog = build_mpi_hello()
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- srun --podnet=no --mpi=pmix -N2 -n4 -w c1,c2 -t 1 "
+        "alice@login",
+        "cd /tmp && srun --podnet=no --mpi=pmix -N2 -n4 -w c1,c2 -t 1 "
         f"--bcast=/tmp/hello_mpi_native {prog}",
         timeout=180,
     ).stdout

@@ -36,7 +36,12 @@ CONF = json.dumps({"cniVersion": "1.0.0", "name": "podnet", "type": "podnet"})
 
 
 def userns(node: str, user: str) -> int:
-    """A process of `user` in a network namespace of a user namespace the user made."""
+    """A process of `user` in a network namespace of a user namespace the user made.
+
+    On the node's host network on purpose (runuser from root, not an SSH session): the
+    identity tests need host PIDs (`/proc/<pid>/ns/net` as podnetd and root see it), and a
+    host-side process of the user (an opt-out step, cron) is the strongest position to
+    name another user's namespaces from (a pod's PID namespace hides them)."""
     tag = f"/tmp/pncni-{user}-{time.monotonic_ns()}.pid"
     ssh(
         node,
@@ -61,7 +66,8 @@ def cni(
     args: str = "",
     conf: dict[str, Any] | None = None,
 ) -> tuple[int, Any]:
-    """One plugin run as `user` (None: root): (exit status, the JSON it printed)."""
+    """One plugin run as `user` (None: root): (exit status, the JSON it printed). As a
+    host-side process of the user on purpose (`runuser`, see `userns`)."""
     data = json.dumps({**json.loads(CONF), **(conf or {})})
     env = (
         f"CNI_COMMAND={command} CNI_CONTAINERID={cid} CNI_NETNS={netns} CNI_IFNAME=eth0 "
@@ -291,9 +297,9 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
     job = world["jobs"]["alice"]
     a1 = world["a1"]
     mkroot = install_mkroot("c1")
-    step = f"runuser -u alice -- srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3"
+    step = f"srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3"
     built = ssh(
-        "login",
+        "alice@login",
         f"cd /tmp && {step} sh -c '{mkroot} /tmp/pncni-root /bin/ping /usr/bin/timeout && "
         "apptainer -q build -F /tmp/pncni.sif /tmp/pncni-root >/dev/null && echo built'",
         timeout=180,
@@ -313,7 +319,7 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
     b64 = base64.b64encode(run.encode()).decode()
     ssh("c1", f"echo {b64} | base64 -d >/tmp/pncni-run.sh && chmod 0755 /tmp/pncni-run.sh")
     out = ssh(
-        "login",
+        "alice@login",
         f"cd /tmp && {step} podnet-container --name parent -- /tmp/pncni-run.sh",
         timeout=180,
     ).stdout
@@ -323,7 +329,7 @@ def test_podnet_container_in_a_job_runs_fakeroot_apptainer_with_its_own_address(
     ips = re.findall(r"\|-- (198\.1[89]\.\d+\.\d+)\n\s+/32 host LOCAL", out)
     assert ips, out
     # the step's own pod network namespace differs from the container's
-    pod_ns = ssh("login", f"cd /tmp && {step} readlink /proc/self/ns/net").stdout.strip()
+    pod_ns = ssh("alice@login", f"cd /tmp && {step} readlink /proc/self/ns/net").stdout.strip()
     assert pod_ns and pod_ns != parent_ns[0], (pod_ns, out)
     # released when the container exits: no pn-c namespace of alice is left on c1
     wait_for(
@@ -416,13 +422,13 @@ def test_cnitool_add_check_del_gc_status_as_a_user_in_a_job(jobs: dict[str, int]
     _copy_to("c1", f"{CNITOOL_DIR}/net/10-podnet.conflist", json.dumps(conflist).encode(), "0644")
     _copy_to("c1", f"{CNITOOL_DIR}/inner.sh", CNITOOL_INNER.encode())
     run = (
-        f"cd /tmp && runuser -u alice -- srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3 "
+        f"cd /tmp && srun --jobid={job} -w c1 -N1 -n1 --overlap -t 3 "
         f"env NETCONFPATH={CNITOOL_DIR}/net CNI_PATH=/usr/lib/cni CNI_ARGS=PODNET_NAME=cnit "
         f"PATH={CNITOOL_DIR}:/usr/sbin:/usr/bin:/sbin:/bin "
         f"unshare -r -m -n sh {CNITOOL_DIR}/inner.sh {pod} {bob_pod} {name} {CNITOOL_DIR}"
     )
     try:
-        r = ssh("login", run, check=False, timeout=300)
+        r = ssh("alice@login", run, check=False, timeout=300)
         out = r.stdout + r.stderr
         val = dict(re.findall(r"^([a-z0-9-]+)=(.*)$", out, re.M))
         # VERSION (libcni asks it too): the spec versions, 1.1 included

@@ -6,7 +6,7 @@
   the dns nodes, readable by CoreDNS alone;
 - etcd has the users and roles (each node its own role: read on podnet's state, write on
   what its node owns and on the records allocations share, and the DNS records; CoreDNS:
-  read-only on /skydns/);
+  read-only on /skydns/ and, for name privacy, on /podnet/<cluster>/ips/ and users/);
 - a node's certificate works, is refused once revoked (the CRL etcd reads at every new
   connection, the file `etcd_revoked_client_certs` writes) while another node's still
   works, and works again once the revocation is withdrawn.
@@ -90,8 +90,15 @@ def test_etcd_users_and_roles() -> None:
     assert "podnet-dns-read" in etcdctl("user get coredns")
     assert re.search(r"Roles: root", etcdctl("user get admin"))
     dns = etcdctl("role get podnet-dns-read")
-    assert re.search(r"KV Read:\s*\[/skydns/, /skydns0\) \(prefix /skydns/\)", dns), dns
-    assert "KV Write:" in dns and "/skydns" not in dns.split("KV Write:")[1], dns
+    read, sep, write = dns.partition("KV Write:")
+    # CoreDNS reads its records and, for name privacy (on by default), the owners of
+    # addresses and users (docs/security.md "Name privacy"); it writes nothing
+    assert set(re.findall(r"\(prefix (\S+)\)", read)) == {
+        "/skydns/",
+        f"/podnet/{CLUSTER}/ips/",
+        f"/podnet/{CLUSTER}/users/",
+    }, dns
+    assert sep and write.strip() == "", dns
     node = etcdctl("role get podnet-node-c1")
     read, write = node.split("KV Write:")
     assert f"(prefix /podnet/{CLUSTER}/)" in read, node

@@ -265,8 +265,8 @@ def test_user_host_process_cannot_send_to_flannels_vxlan_port(
     hello = f"import socket\nsocket.socket(2, 2).sendto(b'host-alice', ('{c1.ip}', 47212))\n"
     _put("c2", "/tmp/podnet-e2e-hello.py", hello)
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- srun --podnet=no -N1 -w c2 -t 2 sh -c "
+        "alice@login",
+        "cd /tmp && srun --podnet=no -N1 -w c2 -t 2 sh -c "
         f"'python3 /tmp/podnet-e2e-forge.py {_b64(json.dumps(forge))}; "
         f"python3 /tmp/podnet-e2e-forge.py {_b64(json.dumps(nested))}; "
         "python3 /tmp/podnet-e2e-hello.py'",
@@ -304,16 +304,17 @@ def test_users_get_no_flannel_network_without_a_setuid_starter(
     assert "allow net networks = flannel, fakeroot" in conf, conf
     starters = ssh("c1", "dpkg -L apptainer | grep '/bin/starter'").stdout.split()
     assert starters == ["/usr/lib/x86_64-linux-gnu/apptainer/bin/starter"], starters
+    # as alice runs it: a step on c1, from her login session
     net = ssh(
-        "c1",
-        f"cd /tmp && runuser -u alice -- apptainer exec --net --network flannel {SIF} true",
+        "alice@login",
+        f"cd /tmp && srun -N1 -w c1 -t 2 apptainer exec --net --network flannel {SIF} true",
         check=False,
     )
     assert net.returncode != 0
     assert "network requires root or a suid installation" in net.stderr, net.stderr
     fr = ssh(
-        "c1",
-        f"cd /tmp && runuser -u alice -- apptainer exec --fakeroot --net {SIF} cat /proc/net/dev",
+        "alice@login",
+        f"cd /tmp && srun -N1 -w c1 -t 2 apptainer exec --fakeroot --net {SIF} cat /proc/net/dev",
         check=False,
     )
     assert fr.returncode == 0, fr.stderr

@@ -32,6 +32,7 @@ from conftest import (
     running_jobs,
     sbatch,
     scancel,
+    wait_for,
 )
 from conftest import ssh as _ssh
 
@@ -153,8 +154,12 @@ def gjobs(ext_servers: None) -> Iterator[dict[str, int]]:
 
 
 def connect(node: str, job: int, user: str, host: str, port: int, timeout: float = 3) -> str:
-    p = pod_of(node, job)
-    r = in_pod(node, p["netns"], f"python3 /tmp/gwcli.py {host} {port} {timeout}", user=user)
+    """The user's client in their job's pod on `node`: a step, from their login session."""
+    r = ssh(
+        f"{user}@login",
+        f"cd /tmp && srun --jobid={job} --overlap -N1 -n1 -w {node} "
+        f"python3 /tmp/gwcli.py {host} {port} {timeout}",
+    )
     return str(r.stdout.strip())
 
 
@@ -208,12 +213,13 @@ def published(gjobs: dict[str, int]) -> Iterator[str]:
     """alice serves on pod1 (c2) port 8080, published; bob serves on his pod1 unpublished."""
     for user in ("alice", "bob"):
         p = pod_of("c2", gjobs[user])
-        ns = Path(p["netns"]).name
+        # as users start a server: SSH to c2 puts them in their most recent job's pod there
         ssh(
-            "c2",
-            f"ip netns exec {ns} runuser -u {user} -- setsid python3 /tmp/gwsrv.py 8080:hello "
-            ">/dev/null 2>&1 </dev/null &",
+            f"{user}@c2",
+            "setsid -f python3 /tmp/gwsrv.py 8080:hello >/dev/null 2>&1 </dev/null",
         )
+        ns = p["netns"]
+        wait_for(lambda ns=ns: ":8080 " in in_pod("c2", ns, "ss -ltn").stdout, 30)
     out = publish("alice", f"{gjobs['alice']}/pod1", 8080).stdout.strip()
     assert re.fullmatch(rf"{re.escape(EXT_VIP)}:\d+", out), out
     yield out
@@ -289,12 +295,13 @@ def test_unpublish_and_release_at_job_end(published: str, gjobs: dict[str, int])
 
 # -- rules -------------------------------------------------------------------------------
 def _follow(node: str, job: int, user: str, port: int, out: str) -> None:
-    p = pod_of(node, job)
-    ns = Path(p["netns"]).name
+    """A long connection out of the user's pod on `node` (their most recent job's there:
+    SSH to the node puts them in it), writing its progress to `out`."""
+    del job
+    ssh(node, f"rm -f {out}")
     ssh(
-        node,
-        f"rm -f {out}; ip netns exec {ns} runuser -u {user} -- setsid python3 "
-        f"/tmp/gwfollow.py {EXT_HOST} {port} {out} >/dev/null 2>&1 </dev/null &",
+        f"{user}@{node}",
+        f"setsid -f python3 /tmp/gwfollow.py {EXT_HOST} {port} {out} >/dev/null 2>&1 </dev/null",
     )
 
 

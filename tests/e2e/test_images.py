@@ -58,8 +58,8 @@ def srun(
 ) -> subprocess.CompletedProcess[str]:
     """`srun` as alice from the login node."""
     return ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun -t 5 {args} {cmd}",
+        "alice@login",
+        f"cd /tmp && srun -t 5 {args} {cmd}",
         check=check,
         timeout=timeout,
     )
@@ -71,9 +71,8 @@ def test_a_step_runs_in_a_sif_inside_its_pod() -> None:
         "readlink /proc/self/ns/net /proc/self/ns/pid'"
     )
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- salloc -N1 -w c1 -t 5 sh -c "
-        f'"srun {probe}; srun --podnet-image={SIF} {probe}"',
+        "alice@login",
+        f'cd /tmp && salloc -N1 -w c1 -t 5 sh -c "srun {probe}; srun --podnet-image={SIF} {probe}"',
         timeout=180,
     ).stdout.split()
     assert len(out) == 8, out
@@ -114,8 +113,8 @@ def test_scancel_signal_reaches_the_task_in_its_image() -> None:
     b64 = base64.b64encode(script.encode()).decode()
     ssh("login", f"echo {b64} | base64 -d >/tmp/img-usr1.sh && chmod 0755 /tmp/img-usr1.sh")
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- sbatch --parsable -J imgusr1 -w c1 -N1 -t 5 "
+        "alice@login",
+        "cd /tmp && sbatch --parsable -J imgusr1 -w c1 -N1 -t 5 "
         "-o /tmp/img-usr1-%j.out /tmp/img-usr1.sh",
     ).stdout
     job = int(out.strip().split(";")[0])
@@ -135,8 +134,8 @@ def test_scancel_signal_reaches_the_task_in_its_image() -> None:
 def test_mpi_with_pmix_across_two_nodes_in_an_image() -> None:
     build_mpi_hello()
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "
+        "alice@login",
+        "cd /tmp && env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "
         "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 "
         f"srun --mpi=pmix -N2 -n2 -w c1,c2 -t 5 --podnet-image={DIR} "
         "--bcast=/tmp/hello_mpi_bc /tmp/hello_mpi",
@@ -152,8 +151,8 @@ def test_sbatch_image_runs_the_batch_scripts_steps_in_it() -> None:
     look = 'sh -c "cat /etc/podnet-image 2>/dev/null || echo host"'
     script = f"{look}; srun -N1 {look}; srun -N1 --podnet-image=none {look}"
     out = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- sbatch --parsable -J e2eimg -w c1 -t 5 "
+        "alice@login",
+        f"cd /tmp && sbatch --parsable -J e2eimg -w c1 -t 5 "
         f"--podnet-image={DIR} -o /tmp/e2eimg-%j.out --wrap '{script}'",
     ).stdout
     job = int(out.strip().split(";")[0])
@@ -164,8 +163,8 @@ def test_sbatch_image_runs_the_batch_scripts_steps_in_it() -> None:
 
 def test_a_missing_image_fails_the_step_clearly_and_leaves_nothing() -> None:
     p = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- salloc -N1 -w c1 -t 5 sh -c "
+        "alice@login",
+        "cd /tmp && salloc -N1 -w c1 -t 5 sh -c "
         "'echo JOB=$SLURM_JOB_ID; srun --podnet-image=/nonexistent/x.sif true; echo rc=$?'",
         timeout=180,
     )

@@ -42,22 +42,20 @@ def test_names_resolve_and_own_pods_reach_each_other(jobs: dict[str, int]) -> No
     # the search path: job domain first
     assert a2["ip"] in in_pod("c1", a1["netns"], "getent hosts pod1").stdout
     assert in_pod("c1", a1["netns"], f"{PING} {name}", check=False).returncode == 0
-    # TCP across nodes, as alice
-    in_pod(
-        "c2",
-        a2["netns"],
-        "sh -c 'timeout 20 python3 -c \"import socket;s=socket.socket();"
+    # TCP across nodes, as alice: a server in her pod on c2 (her SSH session there is in
+    # it), a client in a step of the job on c1
+    ssh(
+        "alice@c2",
+        'setsid -f timeout 20 python3 -c "import socket;s=socket.socket();'
         's.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind((\\"0.0.0.0\\",7301));'
-        "s.listen();c,a=s.accept();c.sendall(a[0].encode())\" >/dev/null 2>&1 &'",
-        user="alice",
+        's.listen();c,a=s.accept();c.sendall(a[0].encode())" >/dev/null 2>&1 </dev/null',
     )
     time.sleep(1)
-    got = in_pod(
-        "c1",
-        a1["netns"],
+    got = ssh(
+        "alice@login",
+        f"cd /tmp && srun --jobid={jobs['alice']} --overlap -N1 -n1 -w c1 "
         'python3 -c "import socket;s=socket.create_connection(('
         f"'{a2['ip']}',7301),5);print(s.recv(64).decode())\"",
-        user="alice",
     ).stdout.strip()
     assert got == a1["ip"]
 
@@ -110,8 +108,8 @@ def build_mpi_hello() -> str:
 def test_mpi_hello_world_with_pmix_across_two_nodes() -> None:
     build_mpi_hello()
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "
+        "alice@login",
+        "cd /tmp && env OMPI_MCA_pml=ob1 OMPI_MCA_osc=^ucx "
         "OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=eth0 OMPI_MCA_oob_tcp_if_include=eth0 "
         "srun --mpi=pmix -N2 -n2 -w c1,c2 --bcast=/tmp/hello_mpi_bc /tmp/hello_mpi",
         timeout=180,
@@ -156,17 +154,16 @@ def _opted_out(out: str) -> None:
 def test_opt_out_gets_no_pod_with_srun_and_sbatch() -> None:
     """`--podnet=no` (the lab allows it): no pod, also not in the extern step."""
     out = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun --podnet=no -N2 -w c1,c2 -t 1 "
-        f"sh -c '{OPT_OUT_PROBE}'",
+        "alice@login",
+        f"cd /tmp && srun --podnet=no -N2 -w c1,c2 -t 1 sh -c '{OPT_OUT_PROBE}'",
         timeout=120,
     ).stdout
     _opted_out(out)
     name = f"e2eoptout{os.getpid()}"
     job = int(
         ssh(
-            "login",
-            f"cd /tmp && runuser -u alice -- sbatch --parsable --podnet=no -J {name} -w c1 -N1 "
+            "alice@login",
+            f"cd /tmp && sbatch --parsable --podnet=no -J {name} -w c1 -N1 "
             f"-t 1 -o /tmp/{name}.out --wrap '{OPT_OUT_PROBE}'",
         ).stdout.strip()
     )
@@ -182,8 +179,8 @@ def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
     ssh("c1", "systemctl stop podnetd")
     try:
         r = ssh(
-            "login",
-            "cd /tmp && runuser -u alice -- srun -N1 -w c1 -t 1 true",
+            "alice@login",
+            "cd /tmp && srun -N1 -w c1 -t 1 true",
             check=False,
             timeout=120,
         )
@@ -198,9 +195,8 @@ def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
     assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
     # and new steps of the running job still join their pod
     out = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun --jobid={jobs['alice']} -N2 "
-        "--overlap ip -br -4 addr show eth0",
+        "alice@login",
+        f"cd /tmp && srun --jobid={jobs['alice']} -N2 --overlap ip -br -4 addr show eth0",
     ).stdout
     assert a1["ip"] in out and a2["ip"] in out
 

@@ -29,8 +29,8 @@ if re.search(
 
 def step(job: int, cmd: str, user: str = "alice", check: bool = True, node: str = "c1") -> str:
     r = ssh(
-        "login",
-        f"cd /tmp && runuser -u {user} -- srun --jobid={job} --overlap -N1 -n1 -w {node} {cmd}",
+        f"{user}@login",
+        f"cd /tmp && srun --jobid={job} --overlap -N1 -n1 -w {node} {cmd}",
         check=check,
         timeout=120,
     )
@@ -76,8 +76,8 @@ def test_a_step_sees_only_its_job_and_pid_1_is_the_pod_init(two_jobs: dict[str, 
 def test_two_steps_of_a_job_see_each_other(two_jobs: dict[str, int]) -> None:
     job = two_jobs["a1"]
     ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- setsid -f srun --jobid={job} --overlap -N1 -n1 -w c1 "
+        "alice@login",
+        f"cd /tmp && setsid -f srun --jobid={job} --overlap -N1 -n1 -w c1 "
         "sleep 4242 >/dev/null 2>&1 </dev/null",
     )
     wait_for(lambda: any(a.endswith("sleep 4242") for _, _, a in ps(job)), 60)
@@ -100,8 +100,8 @@ def test_kill_all_in_a_step_kills_only_that_jobs_processes(two_jobs: dict[str, i
 def test_exit_codes_and_signals_come_through(two_jobs: dict[str, int]) -> None:
     job = two_jobs["a1"]
     r = ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- srun --jobid={job} --overlap -N1 -n1 -w c1 sh -c 'exit 3'",
+        "alice@login",
+        f"cd /tmp && srun --jobid={job} --overlap -N1 -n1 -w c1 sh -c 'exit 3'",
         check=False,
     )
     assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
@@ -115,8 +115,8 @@ def test_exit_codes_and_signals_come_through(two_jobs: dict[str, int]) -> None:
     b64 = base64.b64encode(script.encode()).decode()
     ssh("login", f"echo {b64} | base64 -d >/tmp/pid-usr1.sh && chmod 0755 /tmp/pid-usr1.sh")
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u alice -- sbatch --parsable -J pidusr1 -w c1 -N1 "
+        "alice@login",
+        "cd /tmp && sbatch --parsable -J pidusr1 -w c1 -N1 "
         "-o /tmp/pid-usr1-%j.out /tmp/pid-usr1.sh",
     ).stdout
     sig = int(re.findall(r"\d+", out)[0])
@@ -186,8 +186,8 @@ def test_srun_pty_gets_a_terminal_in_the_pod(two_jobs: dict[str, int]) -> None:
         "srun --jobid={} --overlap -N1 -n1 -w c1 --pty sh -c 'tty; ps -e -o pid=,comm= | head -1'"
     )
     out = ssh(
-        "login",
-        f'cd /tmp && runuser -u alice -- script -qec "{inner.format(job)}" /dev/null',
+        "alice@login",
+        f'cd /tmp && script -qec "{inner.format(job)}" /dev/null',
         timeout=120,
     ).stdout
     # Slurm 26.05's srun --pty echoes a NUL first (^@), with or without podnet
@@ -206,10 +206,10 @@ def test_ctrl_c_twice_ends_the_step_and_its_processes(two_jobs: dict[str, int]) 
         "kill -INT $p; sleep 0.3; kill -INT $p; wait $p; echo srun-rc=$?\n"
     )
     b64 = base64.b64encode(script.encode()).decode()
+    ssh("login", "rm -f /tmp/pid-int.out")  # an earlier run's, maybe not alice's
     out = ssh(
-        "login",
-        f"cd /tmp && echo {b64} | base64 -d >/tmp/pid-int.sh && "
-        "timeout 120 runuser -u alice -- sh /tmp/pid-int.sh",
+        "alice@login",
+        f"cd /tmp && f=$(mktemp) && echo {b64} | base64 -d >$f && timeout 120 sh $f; rm -f $f",
         timeout=150,
     ).stdout
     rc = int(out.split("srun-rc=")[1].split()[0])
@@ -231,10 +231,10 @@ def test_sstat_shows_the_memory_of_a_step_in_the_pod(two_jobs: dict[str, int]) -
         "scancel $s\n"
     )
     b64 = base64.b64encode(script.encode()).decode()
+    ssh("login", "rm -f /tmp/pid-mem.out")  # an earlier run's, maybe not alice's
     out = ssh(
-        "login",
-        f"cd /tmp && echo {b64} | base64 -d >/tmp/pid-mem.sh && "
-        "timeout 120 runuser -u alice -- sh /tmp/pid-mem.sh",
+        "alice@login",
+        f"cd /tmp && f=$(mktemp) && echo {b64} | base64 -d >$f && timeout 120 sh $f; rm -f $f",
         timeout=150,
     ).stdout
     m = re.search(r"^(\d+)([KMG])\s*$", out, re.M)
@@ -247,8 +247,8 @@ def test_time_limit_ends_the_step_its_processes_and_the_pod() -> None:
     """A job over its time limit (1 minute, the smallest Slurm has) ends: slurmd signals the
     step's tasks in the pod's PID namespace, and the pod goes with the job."""
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u carol -- sbatch --parsable -J pidtime -w c1 -N 1 -t 1 "
+        "carol@login",
+        "cd /tmp && sbatch --parsable -J pidtime -w c1 -N 1 -t 1 "
         "-o /tmp/pidtime-%j.out --wrap 'srun sleep 4545'",
     ).stdout
     job = int(re.findall(r"\d+", out)[0])

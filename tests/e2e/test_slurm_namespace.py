@@ -37,8 +37,8 @@ if "CLONE_NEWPID" not in ssh("c1", "cat /etc/slurm/namespace.yaml", check=False)
 
 def step(job: int, cmd: str, node: str = "c1", user: str = "alice") -> str:
     r = ssh(
-        "login",
-        f"cd /tmp && runuser -u {user} -- srun --jobid={job} --overlap -N1 -n1 -w {node} {cmd}",
+        f"{user}@login",
+        f"cd /tmp && srun --jobid={job} --overlap -N1 -n1 -w {node} {cmd}",
         timeout=120,
     )
     return r.stdout
@@ -91,8 +91,8 @@ def test_steps_are_in_the_pods_network_namespace(jobs: dict[str, int]) -> None:
 def test_two_steps_and_an_ssh_session_share_one_pid_namespace(jobs: dict[str, int]) -> None:
     job = jobs["a1"]
     ssh(
-        "login",
-        f"cd /tmp && runuser -u alice -- setsid -f srun --jobid={job} --overlap -N1 -n1 -w c1 "
+        "alice@login",
+        f"cd /tmp && setsid -f srun --jobid={job} --overlap -N1 -n1 -w c1 "
         "sleep 4747 >/dev/null 2>&1 </dev/null",
     )
     wait_for(lambda: "sleep 4747" in step(job, "ps -e -o args="), 60)
@@ -121,8 +121,8 @@ def test_scancel_signal_reaches_the_task() -> None:
     b64 = base64.b64encode(script.encode()).decode()
     ssh("login", f"echo {b64} | base64 -d >/var/tmp/ns-usr1.sh && chmod 0755 /var/tmp/ns-usr1.sh")
     out = ssh(
-        "login",
-        "cd /var/tmp && runuser -u alice -- sbatch --parsable -J nsusr1 -w c1 -N1 "
+        "alice@login",
+        "cd /var/tmp && sbatch --parsable -J nsusr1 -w c1 -N1 "
         "-o /var/tmp/ns-usr1-%j.out /var/tmp/ns-usr1.sh",
     ).stdout
     job = int(re.findall(r"\d+", out)[0])
@@ -143,9 +143,8 @@ def test_exit_codes_come_through() -> None:
     job = sbatch("carol", "nsexit", nodes="c1", script="sleep 600")
     try:
         r = ssh(
-            "login",
-            f"cd /tmp && runuser -u carol -- srun --jobid={job} --overlap -N1 -n1 -w c1 "
-            "sh -c 'exit 5'",
+            "carol@login",
+            f"cd /tmp && srun --jobid={job} --overlap -N1 -n1 -w c1 sh -c 'exit 5'",
             check=False,
         )
         assert r.returncode == 5, (r.returncode, r.stdout, r.stderr)

@@ -121,7 +121,17 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
     )
     assert (dest / "ansible_collections/hpc/podnet/MANIFEST.json").is_file()
     inv = dest / "ansible_collections/hpc/podnet/inventories/sample/hosts.yml"
-    for pb in ("hpc.podnet.site", "hpc.podnet.podnet"):
+    for pb in (
+        "hpc.podnet.site",
+        "hpc.podnet.podnet",
+        "hpc.podnet.backup",
+        "hpc.podnet.restore",
+        "hpc.podnet.reset",
+        "hpc.podnet.remove_node",
+        "hpc.podnet.upgrade",
+        "hpc.podnet.scale",
+        "hpc.podnet.certs",
+    ):
         r = subprocess.run(
             [BIN / "ansible-playbook", "-i", inv, "--syntax-check", pb],
             env=env,

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Check mode on a cluster where nothing is installed yet (issue 12): site.yml --check --diff,
-# then every day-2 playbook --check --diff with what its header asks for, against freshly
-# booted lab nodes. The playbooks are the collection's (hpc.podnet.<name>: the one
-# ANSIBLE_COLLECTIONS_PATH or ansible.cfg finds). Each must end with rc 0 and no failed task;
+# then every day-2 playbook --check --diff with what its header asks for (check mode asks no
+# confirmation: no podnet_confirm), against freshly booted lab nodes. The playbooks are the
+# collection's (hpc.podnet.<name>: the one ANSIBLE_COLLECTIONS_PATH or ansible.cfg finds). Each must end with rc 0 and no failed task;
 # nothing on the nodes changes (only the controller PKI is created: docs/admin-guide.md).
 #   tests/lab/check-empty.sh INVENTORY [LOG_DIR]
 # Not in CI: it takes longer than CI leaves (17.5 min for the 9 playbooks on 4 nodes at a
@@ -62,9 +62,9 @@ printf '%s\n' \
     "upgrade upgrade.yml" \
     "scale scale.yml --limit $NODE -i $BACKUP/dynamic.yml" \
     "remove_node remove_node.yml -e podnet_remove_nodes=$NODE" \
-    "reset reset.yml --limit $NODE -e podnet_reset_confirm=yes" \
+    "reset reset.yml --limit $NODE" \
     "backup backup.yml" \
-    "restore restore.yml -e podnet_restore_from=$BACKUP -e podnet_restore_confirm=yes" \
+    "restore restore.yml -e podnet_restore_from=$BACKUP" \
     "certs certs.yml" \
     "certs_rollout certs_rollout.yml" \
     | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' _

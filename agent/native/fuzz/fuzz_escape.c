@@ -68,7 +68,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	char *out, *q, *dec, *ref, *small, *str, *req;
 	long n, m;
 	jp_t j;
-	jout_t o;
+	pn_buf_t o;
 	pn_req_t r;
 
 	out = malloc(cap);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * fuzz_ref.h - reference checks for the fuzz harnesses, written apart from
- * podnet_json.c (from the Unicode standard's table of well-formed UTF-8 byte
- * sequences, Table 3-7, not from the code under test).
+ * podnet_json.c and podnet_util.c (from the Unicode standard's table of
+ * well-formed UTF-8 byte sequences, Table 3-7, not from the code under test).
  */
 #ifndef FUZZ_REF_H
 #define FUZZ_REF_H

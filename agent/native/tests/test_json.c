@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Unit tests of podnet_json.c: the JSON escaper, the request builder, the
- * reply parser (well-formed and malformed replies) and pn_parse_uint.
- * Links podnet_json.c alone: the wire format needs no I/O.
+ * reply parser (well-formed and malformed replies). Links podnet_json.c and
+ * podnet_util.c alone: the wire format needs no I/O.
  * Prints "REQ <line>" for every request built (tests/unit/c checks them with
  * Python's JSON parser).
  */
@@ -303,25 +303,6 @@ static void test_reply_bad(void)
 	      "NULL reply refused");
 }
 
-
-static void test_uint(void)
-{
-	unsigned long long v = 0;
-
-	CHECK(pn_parse_uint("42", 1, 100, &v) == 0 && v == 42, "uint: 42");
-	CHECK(pn_parse_uint("0", 1, 100, &v) == -1, "uint: below min");
-	CHECK(pn_parse_uint("101", 1, 100, &v) == -1, "uint: above max");
-	CHECK(pn_parse_uint("-1", 0, 100, &v) == -1, "uint: sign refused");
-	CHECK(pn_parse_uint(" 1", 0, 100, &v) == -1, "uint: space refused");
-	CHECK(pn_parse_uint("1x", 0, 100, &v) == -1, "uint: trailing junk");
-	CHECK(pn_parse_uint("", 0, 100, &v) == -1, "uint: empty");
-	CHECK(pn_parse_uint("99999999999999999999999", 0, ~0ULL, &v) == -1,
-	      "uint: overflow");
-	CHECK(pn_parse_uint("18446744073709551615", 0, ~0ULL, &v) == 0 &&
-		      v == ~0ULL,
-	      "uint: max value");
-}
-
 int main(void)
 {
 	ctest_begin();
@@ -329,6 +310,5 @@ int main(void)
 	test_request();
 	test_reply_ok();
 	test_reply_bad();
-	test_uint();
 	return ctest_end();
 }

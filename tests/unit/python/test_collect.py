@@ -76,6 +76,27 @@ def test_grace_for_a_namespace_never_seen_with_a_process() -> None:
     assert [v.pod.name for v in c.dead([b], now=1002)] == ["pn-cb"]
 
 
+def test_a_namespace_with_a_process_at_add_is_collected_once_it_leaves_without_grace() -> None:
+    """ADD of a namespace named by no process (a symlink): podnetd looks for its process at
+    once, so one killed before the loop's first cycle is collected then, not after grace
+    (the e2e flake of CI stop 26: collected 31 s after the kill)."""
+    fp = FakeProc()
+    a = _ctr("pn-ca", 100, created=1000)
+    fp.mounts = {"/run/netns/pn-ca": NsId(4, 100)}
+    fp.procs = {10: NsId(4, 100)}
+    c = fp.collector(grace=30)
+    assert c.look(a) and a.ns_seen and c.witness == {"pn-ca": 10} and c.scans == 1
+    fp.procs = {}  # killed before the first cycle
+    assert [v.pod.name for v in c.dead([a], now=1001)] == ["pn-ca"]
+    # a runtime that wires first and starts its process after keeps its grace
+    b = _ctr("pn-cb", 200, created=1000)
+    fp.mounts["/run/netns/pn-cb"] = NsId(4, 200)
+    assert not c.look(b) and not b.ns_seen
+    assert c.dead([b], now=1010) == []
+    fp.procs = {21: NsId(4, 200)}
+    assert c.dead([b], now=1011) == [] and c.witness["pn-cb"] == 21
+
+
 def test_a_namespace_no_longer_held_by_podnetd_is_dead_even_if_its_inode_is_in_use() -> None:
     """The bind mount is what keeps the inode number the namespace's: without it a new
     namespace may get the number, with a process in it."""

@@ -317,13 +317,7 @@ class Run:
         waiting = dict(self.jobs)
         while waiting:
             ids = ",".join(str(j) for j in waiting.values())
-            out = subprocess.run(
-                ["squeue", "-h", "-j", ids, "-o", "%i %T %r"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            ).stdout
+            out = _squeue(ids, "%i %T %r")
             state = {int(ln.split()[0]): ln.split()[1:] for ln in out.splitlines() if ln.strip()}
             for user, job in list(waiting.items()):
                 if state.get(job, [""])[0] == "RUNNING":
@@ -500,13 +494,7 @@ class Run:
         ids = ",".join(str(j) for j in self.jobs.values())
         end = time.monotonic() + 60
         while time.monotonic() < end:
-            out = subprocess.run(
-                ["squeue", "-h", "-j", ids, "-o", "%i"],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                check=False,
-            ).stdout
+            out = _squeue(ids, "%i")
             if not out.strip():
                 return
             time.sleep(1)
@@ -691,3 +679,15 @@ def cmd_verify(args: argparse.Namespace) -> int:
         socket=cfg.socket if args.socket == DEFAULT_SOCKET else args.socket,
     )
     return run(opts, cfg)
+
+
+def _squeue(ids: str, fmt: str) -> str:
+    """squeue's lines for the jobs `ids` (comma-separated) in format `fmt`; none once they
+    are gone (squeue's errors count as no lines: the callers poll until a deadline)."""
+    return subprocess.run(
+        ["squeue", "-h", "-j", ids, "-o", fmt],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    ).stdout

@@ -261,7 +261,7 @@ class Dataplane:
         )
         veth = new_veth_name()
         try:
-            if netns_fd >= 0 and ifname in nl.links(pod_nl):
+            if netns_fd >= 0 and _has_link(pod_nl, ifname):
                 raise PodnetError("EEXIST", f"the container already has an interface {ifname}")
             if self.pidns is not None and not foreign:
                 self.pidns.create(name)
@@ -275,8 +275,7 @@ class Dataplane:
                 )
             finally:
                 os.close(fd)
-            plinks = nl.links(pod_nl)
-            eth0, lo = int(plinks[ifname]["index"]), int(plinks["lo"]["index"])
+            eth0, lo = nl.ifindex(pod_nl, ifname), nl.ifindex(pod_nl, "lo")
             return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
@@ -329,14 +328,13 @@ class Dataplane:
             lines.append("search " + " ".join(search))
         lines += [f"nameserver {s}" for s in servers]
         lines.append("options ndots:2 timeout:2 attempts:2")
-        tmp = d / "resolv.conf.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # written in place: nothing reads a pod's file before the pod is ready
+        fd = os.open(d / "resolv.conf", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.fchmod(fd, 0o644)  # whatever the umask
             os.write(fd, ("\n".join(lines) + "\n").encode())
         finally:
             os.close(fd)
-        tmp.replace(d / "resolv.conf")
 
     def remove_pod(
         self, name: str, ip: str | None, veth: str = "", pid_namespace: bool = True
@@ -491,6 +489,16 @@ class Dataplane:
         sock: nl.Netlink | None = getattr(self._tls, "nl", None)
         if sock is not None:
             sock.close()
+
+
+def _has_link(sock: nl.Netlink, name: str) -> bool:
+    try:
+        nl.ifindex(sock, name)
+    except OSError as e:
+        if e.errno == errno.ENODEV:
+            return False
+        raise
+    return True
 
 
 def _bind(host: netns.HostNetns, path: Path, fd: int) -> nl.Netlink:

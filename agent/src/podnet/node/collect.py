@@ -18,6 +18,10 @@ the path the request gave). Each cycle:
    younger than `grace` and was never seen with a process (a runtime that wires a namespace
    first and starts its process after; a pn-c namespace the helper has not entered yet).
 
+A container wired with no process named (a bind mount, a symlink, an fd) is looked at
+once when it is added (`look`): a namespace whose process was there at ADD and is killed
+before the loop's next cycle is then collected within a cycle, not after `grace`.
+
 So a cycle costs a stat per container while nothing changed, and a stat per process of
 the node when something did; `nsscan` explains why an inode number cannot point at a new
 namespace while the record lives.
@@ -58,6 +62,19 @@ class Collector:
     witness: dict[str, int] = field(default_factory=dict)
     #: scans of /proc so far (a figure for the benchmark and the tests)
     scans: int = 0
+
+    def look(self, pod: Pod) -> bool:
+        """At ADD of a container whose record names no process: one scan for a process
+        in its namespace (its witness); True if one is there."""
+        if pod.ns_id is None:
+            return False
+        pid = self.scan().get(pod.ns_id)
+        self.scans += 1
+        if pid is None:
+            return False
+        self.witness[pod.name] = pid
+        pod.ns_seen = True
+        return True
 
     def dead(self, pods: list[Pod], now: float | None = None) -> list[Verdict]:
         """The containers of `pods` to collect, with why."""

@@ -315,6 +315,9 @@ class Containers:
                 self.nets.release(vni, uid)
                 raise
             self.pods.add(pod)
+        if not pid:
+            with self._gc_lock:  # the collector's witnesses: one writer at a time
+                self.collector.look(pod)
         log.info("container %s (%s) of %s: %s %s", container_id, ifname, user, name, pod.ip)
         return pod
 

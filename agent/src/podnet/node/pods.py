@@ -151,9 +151,10 @@ class PodTable:
         with self._lock:
             return any(p.vni == vni for p in self._pods.values())
 
-    def fw_ports(self) -> list[tuple[str, str, str]]:
-        """(veth, MAC, IP) of every wired pod: the firewall's anti-spoofing set."""
-        return [(p.veth, nl.mac_for_ip(p.ip), p.ip) for p in self.all() if p.veth]
+    def fw_ports(self) -> list[tuple[str, str, str, int]]:
+        """(veth, MAC, IP, VNI) of every wired pod: the firewall's anti-spoofing set and
+        fast path."""
+        return [(p.veth, nl.mac_for_ip(p.ip), p.ip, p.vni) for p in self.all() if p.veth]
 
 
 class PodWiring:
@@ -177,7 +178,7 @@ class PodWiring:
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
         try:
-            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip, pod.vni)
         except Exception:
             self.remove_kernel(pod)
             raise

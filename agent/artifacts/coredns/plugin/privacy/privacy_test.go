@@ -78,6 +78,8 @@ func newTest(t *testing.T) (*Privacy, *backend) {
 		"lab. A":                   {test.A("lab. 5 IN A " + aliceIP)},
 		"0.18.198.in-addr.arpa. A": {test.CNAME("0.18.198.in-addr.arpa. 5 IN CNAME pod0.myjob.alice.lab.")},
 		"stale.svc.lab. A":         {test.A("stale.svc.lab. 5 IN A " + strangerIP)},
+		// the etcd plugin reads the key /skydns/lab/alice/notes for the label "alice/notes"
+		"alice/notes.lab. TXT": {test.TXT("alice/notes.lab. 5 IN TXT \"alice's notes\"")},
 	}}
 	o := newOwners()
 	o.users = map[string]uint32{"alice": alice, "bob": bob, "gone": noVNI}
@@ -158,6 +160,7 @@ func TestViews(t *testing.T) {
 		// key paths: "/" walks the etcd plugin's keys, escapes hide dots
 		{bobIP, "x/../../alice/myjob/pod0.bob.lab.", dns.TypeA, "NXDOMAIN "},
 		{bobIP, "pod0.myjob/alice.lab.", dns.TypeA, "NXDOMAIN "},
+		{bobIP, "alice/notes.lab.", dns.TypeTXT, "NXDOMAIN "},
 		{bobIP, `pod0.myjob.alice\.x.lab.`, dns.TypeA, "NXDOMAIN "},
 		{aliceIP, "x/../pod0.myjob.alice.lab.", dns.TypeA, "NXDOMAIN "},
 	} {

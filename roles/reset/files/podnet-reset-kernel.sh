@@ -1,10 +1,11 @@
 #!/bin/sh
 # SPDX-License-Identifier: Apache-2.0
-# Remove podnet's kernel state on this node (playbooks/reset.yml): pod network namespaces,
+# Remove podnet's kernel state on this node (role hpc.podnet.reset, playbooks/reset.yml): pod network namespaces,
 # the pods' PID 1 (podnet-init, which ends every process of the pod), PID namespace
 # files, podnet's links (pnbr<vni>, pnvx<vni>, pnv<hex>; flanneld's flannel.1), its
-# nftables tables (the gateway's inet podnet_gw included) and the pods' resolv.conf
-# directories. Prints one line per thing removed (nothing: no change).
+# nftables tables (the fast path's netdev podnet and the gateway's inet podnet_gw
+# included) and the pods' resolv.conf directories. Prints one line per thing removed
+# (nothing: no change).
 #   podnet-reset-kernel.sh NETNS_DIR PIDNS_DIR RESOLV_DIR PID_INIT
 set -u
 netns_dir=${1:-/run/netns}
@@ -40,7 +41,7 @@ for l in $(ip -o link show | sed -n 's/^[0-9]*: \([^:@]*\)[:@].*/\1/p'); do
             ip link delete "$l" 2>/dev/null && echo "link $l" ;;
     esac
 done
-for t in "inet podnet" "bridge podnet" "inet podnet_gw"; do
+for t in "inet podnet" "bridge podnet" "netdev podnet" "netdev podnet_probe" "inet podnet_gw"; do
     # shellcheck disable=SC2086
     if nft list table $t >/dev/null 2>&1; then
         # shellcheck disable=SC2086

@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * podnet_spank.h - inside the SPANK plugin podnet_spank.so: its one state,
+ * struct pn_spank (the dispatch podnet_spank.c owns the only instance and
+ * passes it to the other files), and what each file offers.
+ *
+ *   podnet_spank.c             dispatch: the slurm_spank_* entry points, per
+ *                              context, and the option table
+ *   podnet_spank_opts.c        plugstack.conf arguments, --podnet and
+ *                              --podnet-image (all that srun, sbatch and
+ *                              salloc do; slurmd and slurmstepd read them too)
+ *   podnet_spank_podnetd.c     the requests to podnetd, retried until a
+ *                              deadline: job_up, job_get, job_pidns, job_down
+ *   podnet_spank_extern.c      slurmstepd of the extern step: the pod up at
+ *                              the job's start, down at its end
+ *   podnet_spank_step.c        slurmstepd of the batch, interactive and srun
+ *                              steps: into the pod before any thread or task;
+ *                              on the host network, in the cgroup
+ *                              podnet-stepd until the tasks fork
+ *   podnet_spank_task.c        the task callbacks: the tasks' PID namespace,
+ *                              the check that a task is in its pod, the image
+ *   podnet_spank_job_script.c  the job prolog and epilog (slurmd)
+ *   podnet_spank_slurm.h       what differs between Slurm releases
+ *
+ * Each slurmstepd, srun, sbatch, salloc and slurmd loads the plugin afresh:
+ * the state is per process.
+ */
+#ifndef PODNET_SPANK_H
+#define PODNET_SPANK_H
+
+#include <limits.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "podnet_json.h"
+#include "podnet_spank_slurm.h"
+#include "podnet_transport.h"
+
+enum pns_policy { PNS_POLICY_FAIL, PNS_POLICY_WARN };
+
+/* plugstack.conf arguments (podnet_spank_opts.c) */
+struct pns_cfg {
+	char socket[108];          /* podnetd's socket */
+	int timeout_s;             /* bound for getting a pod */
+	int allow_opt_out;         /* accept --podnet=no */
+	enum pns_policy policy;
+	char image[PATH_MAX];      /* the site's image ("": none) */
+	char apptainer[PATH_MAX];
+	char image_exec[PATH_MAX];
+};
+
+struct pn_spank {
+	struct pns_cfg cfg;
+	/* the options */
+	int opt_out;                 /* --podnet=no given (and allowed) */
+	char user_image[PATH_MAX];   /* --podnet-image ("none": no image) */
+	/* slurmstepd: the step's pod */
+	int joined;                  /* main thread is in the pod */
+	dev_t pod_dev;               /* identity of the pod's netns */
+	ino_t pod_ino;
+	char pod_name[64];
+	char pending_error[768];     /* reported to the user in the task */
+	int pidns_fd;                /* the pod's PID namespace (none: -1) */
+	int host_pidns_fd;           /* slurmstepd's own, to return to */
+	ino_t pidns_ino;
+	int pid_moved;               /* tasks fork into the pod's PID namespace */
+	int pid_native;              /* slurmstepd is in it already (namespace/linux) */
+	/* slurmstepd of a step on the host network: in the cgroup
+	 * podnet-stepd from init_post_opt to user_init (podnet_spank_step.c) */
+	const char *cg_mnt;          /* cgroup2 mount holding podnet-stepd */
+	char cg_home[PATH_MAX];      /* slurmstepd's own cgroup (under cg_mnt) */
+	pid_t cg_pid;                /* slurmstepd, to move back */
+	int cg_moved;
+};
+
+#define PNS_INIT                                                             \
+	{                                                                    \
+		.cfg = { PN_DEFAULT_SOCKET, 30, 0, PNS_POLICY_FAIL, "",      \
+			 "/usr/bin/apptainer",                               \
+			 "/usr/local/lib/podnet/podnet-image-exec" },        \
+		.pidns_fd = -1, .host_pidns_fd = -1,                         \
+	}
+
+/* the dispatch's option table: --podnet, --podnet-image */
+enum { PNS_OPT_PODNET, PNS_OPT_IMAGE, PNS_OPT_COUNT };
+
+/* ---- podnet_spank_opts.c ---- */
+/* reads the plugstack.conf arguments into cfg; -1 (logged) on a bad one */
+int pns_parse_args(struct pns_cfg *cfg, int ac, char **av);
+/* slurm_spank_init, every context: the arguments, then the options */
+int pns_init(struct pn_spank *st, spank_t sp, int ac, char **av,
+	     struct spank_option *opts);
+/* the options' callbacks: --podnet=yes|no, --podnet-image=IMAGE|none */
+int pns_opt_podnet(struct pn_spank *st, const char *optarg);
+int pns_opt_image(struct pn_spank *st, const char *optarg);
+
+/* ---- podnet_spank_podnetd.c ---- */
+long long pns_mono_ms(void);
+/* the deadline of a request started now: cfg's timeout from now */
+long long pns_deadline(const struct pns_cfg *cfg);
+/* one request, retried while podnetd says EUNAVAIL or is briefly
+ * unreachable, until deadline; a PN_CALL_* code */
+int pns_call_until(const struct pns_cfg *cfg, const char *req, size_t len,
+		   pn_reply_t *rep, long long deadline, char *msg, size_t msgsz);
+/* job_up for this node (job record from slurmctld); 0 with *rep filled, -1
+ * with msg set. node_index: this node's position in the job, or -1 to find
+ * node_name in the job's node list */
+int pns_job_up(const struct pns_cfg *cfg, uint32_t job_id, uid_t uid,
+	       int node_index, const char *node_name, long long deadline,
+	       pn_reply_t *rep, char *msg, size_t msgsz);
+/* job_get: a PN_CALL_* code */
+int pns_job_get(const struct pns_cfg *cfg, uint32_t job_id, long long deadline,
+		pn_reply_t *rep, char *msg, size_t msgsz);
+/* job_pidns: the pod's PID namespace is the one of pid (PID 1 of the job's);
+ * a PN_CALL_* code */
+int pns_job_pidns(const struct pns_cfg *cfg, uint32_t job_id, pid_t pid,
+		  pn_reply_t *rep, char *msg, size_t msgsz);
+/* job_down (a missing pod is fine); failures logged */
+void pns_job_down(const struct pns_cfg *cfg, uint32_t job_id);
+
+/* ---- podnet_spank_extern.c (the extern step) ---- */
+void pns_extern_up(struct pn_spank *st, spank_t sp, uint32_t job_id);
+int pns_extern_exit(struct pn_spank *st, spank_t sp);
+
+/* ---- podnet_spank_step.c (every step's slurmstepd) ---- */
+int pns_step_post_opt(struct pn_spank *st, spank_t sp);
+/* st->pending_error: what the task reports (podnet_spank_task.c) */
+void pns_set_pending(struct pn_spank *st, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
+/* Is the calling process in the pod's PID namespace? */
+int pns_in_pod_pidns(const struct pn_spank *st);
+/* the cgroup whose sockets podnetd's host-side filter lets reach pods (it
+ * makes it, only root can join): slurmstepd of a step on the host network */
+#define PN_STEPD_CGROUP "podnet-stepd"
+/* slurmstepd back from the cgroup podnet-stepd to its own, before the tasks
+ * fork (user_init); -1 (logged): it could not, the step must start no task */
+int pns_stepd_cgroup_leave(struct pn_spank *st);
+/* Is the calling process in the cgroup podnet-stepd (or below it)? */
+int pns_in_stepd_cgroup(void);
+
+/* ---- podnet_spank_task.c ---- */
+int pns_task_init_privileged(struct pn_spank *st, spank_t sp);
+int pns_task_init(struct pn_spank *st, spank_t sp);
+int pns_user_init(struct pn_spank *st);
+int pns_task_post_fork(struct pn_spank *st);
+
+/* ---- podnet_spank_job_script.c ---- */
+int pns_job_prolog(struct pn_spank *st, spank_t sp, int ac, char **av,
+		   struct spank_option *podnet_opt);
+int pns_job_epilog(struct pn_spank *st, spank_t sp, int ac, char **av);
+/* the job prolog's --podnet=no marker, for the extern step */
+int pns_optout_marked(const struct pns_cfg *cfg, uint32_t job_id);
+void pns_optout_clear(uint32_t job_id);
+
+#endif /* PODNET_SPANK_H */

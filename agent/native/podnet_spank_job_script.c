@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * podnet_spank_job_script.c - the job prolog and epilog (slurmd's
+ * job_script context, root), and the --podnet=no marker the prolog leaves
+ * for the extern step. slurm_spank_init is not called in this context: each
+ * callback reads the plugstack arguments itself. Neither ever fails: a
+ * failing prolog or epilog drains the node.
+ *
+ * The extern step never sees user options (measured on 24.11), but the job
+ * prolog does (spank_option_getopt) and runs before it on every node: the
+ * prolog leaves a root-only marker that the extern step reads. slurmd runs
+ * the prolog's callback only if the plugin was in its plugstack when slurmd
+ * started.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "podnet_spank.h"
+
+#define MARK_DIR "/run/podnet-spank"
+
+static void mark_path(uint32_t job_id, char *p, size_t sz)
+{
+	snprintf(p, sz, MARK_DIR "/optout.%u", job_id);
+}
+
+static void optout_mark(uint32_t job_id)
+{
+	char p[64];
+	struct stat s;
+	int fd;
+
+	if (mkdir(MARK_DIR, 0700) < 0 && errno != EEXIST)
+		return;
+	if (lstat(MARK_DIR, &s) < 0 || !S_ISDIR(s.st_mode) ||
+	    s.st_uid != 0 || (s.st_mode & 077))
+		return;
+	mark_path(job_id, p, sizeof(p));
+	fd = open(p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd >= 0)
+		close(fd);
+}
+
+int pns_optout_marked(const struct pns_cfg *cfg, uint32_t job_id)
+{
+	char p[64];
+	struct stat s;
+
+	if (!cfg->allow_opt_out)
+		return 0;
+	if (lstat(MARK_DIR, &s) < 0 || !S_ISDIR(s.st_mode) ||
+	    s.st_uid != 0 || (s.st_mode & 077))
+		return 0;
+	mark_path(job_id, p, sizeof(p));
+	return lstat(p, &s) == 0 && S_ISREG(s.st_mode) && s.st_uid == 0;
+}
+
+void pns_optout_clear(uint32_t job_id)
+{
+	char p[64];
+
+	mark_path(job_id, p, sizeof(p));
+	(void) unlink(p);
+}
+
+int pns_job_prolog(struct pn_spank *st, spank_t sp, int ac, char **av,
+		   struct spank_option *podnet_opt)
+{
+	uint32_t job_id = 0;
+	char *arg = NULL;
+
+	if (pns_parse_args(&st->cfg, ac, av) < 0 || !st->cfg.allow_opt_out ||
+	    spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS || !job_id)
+		return 0;
+	if (spank_option_getopt(sp, podnet_opt, &arg) == ESPANK_SUCCESS &&
+	    arg && !strcmp(arg, "no"))
+		optout_mark(job_id);
+	return 0;
+}
+
+int pns_job_epilog(struct pn_spank *st, spank_t sp, int ac, char **av)
+{
+	uint32_t job_id = 0;
+
+	/* bad arguments: the defaults serve */
+	(void) pns_parse_args(&st->cfg, ac, av);
+	if (spank_get_item(sp, S_JOB_ID, &job_id) == ESPANK_SUCCESS && job_id) {
+		pns_job_down(&st->cfg, job_id);
+		pns_optout_clear(job_id);
+	}
+	return 0;
+}

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# podnet on a Slurm that the site configured without podnet (issue 21 item 5), on a lab that
+# is up (LAB_NAME; Debian 12 nodes: LAB_OS=bookworm) and has no podnet yet:
+#   1. the site's Slurm without PrologFlags=Contain: site.yml (slurm_manage: false) stops in
+#      preflight naming the setting; /etc/slurm on every node is as it was, nothing deployed;
+#   2. with it: site.yml deploys, adds its include block to the site's plugstack.conf (and the
+#      plugstack.conf.d the site does not have), a job runs in its pod;
+#   3. reset.yml: /etc/slurm on every node is byte for byte what the site had, Slurm runs jobs.
+# Prints "existing-slurm: N passed, N failed". ANSIBLE_PLAYBOOK (default ansible-playbook),
+# PODNET_PLAYBOOKS (default this checkout's playbooks/; hpc.podnet for an installed collection:
+# then playbooks are named hpc.podnet.<name>) and PODNET_SITE_ARGS (extra ansible-playbook
+# arguments, e.g. -e podnet_artifact_dir=...) choose the controller side.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$here/../.." && pwd)
+: "${LAB_NAME:?LAB_NAME: a lab that is up, without podnet}"
+export LAB_NAME
+lab=$ROOT/tests/lab/lab.sh
+inv=$("$lab" inventory)
+playbook=${ANSIBLE_PLAYBOOK:-ansible-playbook}
+books=${PODNET_PLAYBOOKS:-$ROOT/playbooks}
+read -r -a extra <<<"${PODNET_SITE_ARGS:-}"
+out=$ROOT/tests/output/existing-slurm-$LAB_NAME
+mkdir -p "$out"
+# shellcheck source=/dev/null
+nodes=$(. "/var/lib/podnet-lab/$LAB_NAME/lab.env" && echo "$LAB_NODES")
+limit=${PODNET_SITE_LIMIT:-all}
+passed=0 failed=0
+ok() { echo "PASS $1"; passed=$((passed + 1)); }
+ko() { echo "FAIL $1${2:+: $2}"; failed=$((failed + 1)); }
+book() {   # book NAME: the playbook as the controller names it
+    if [ "$books" = hpc.podnet ]; then echo "hpc.podnet.$1"; else echo "$books/$1.yml"; fi
+}
+etc_slurm() {   # every file and directory of /etc/slurm on every node: type, mode, owner, sha256
+    local n
+    for n in $nodes; do
+        "$lab" ssh "$n" "cd /etc/slurm && find . -printf '%p %y %m %u %g\n' | sort && find . -type f | sort | xargs -r sha256sum" \
+            | sed "s/^/$n: /"
+    done
+}
+site_slurm() { ansible-playbook -i "$inv" "$here/site-slurm.yml" --limit "$limit" "$@" >>"$out/site-slurm.log" 2>&1; }
+common=(-i "$inv" --limit "$limit" -e slurm_manage=false "${extra[@]}")
+
+# 1. a setting podnet needs is missing: a clear error, nothing written
+site_slurm -e site_slurm_prolog_flags=
+etc_slurm >"$out/1-before.txt"
+if "$playbook" "${common[@]}" "$(book site)" >"$out/1-site.log" 2>&1; then
+    ko "site.yml refuses a Slurm without PrologFlags=Contain" "it ran"
+elif flat=$(tr -s ' \n' '  ' <"$out/1-site.log") \
+        && grep -q "slurmctld runs with no PrologFlags; podnet needs Contain in it" <<<"$flat" \
+        && grep -q "Nothing was changed: podnet does not edit the site" <<<"$flat"; then
+    ok "site.yml refuses a Slurm without PrologFlags=Contain, naming the setting"
+else
+    ko "the error names PrologFlags=Contain" "$(grep -m3 -A6 'fatal:' "$out/1-site.log")"
+fi
+etc_slurm >"$out/1-after.txt"
+if diff -u "$out/1-before.txt" "$out/1-after.txt" >"$out/1-diff.txt"; then ok "/etc/slurm untouched after the error"
+else ko "/etc/slurm untouched after the error" "$(head -20 "$out/1-diff.txt")"; fi
+left=$(for n in $nodes; do "$lab" ssh "$n" 'ls -d /etc/podnet /opt/podnet /etc/etcd/pki 2>/dev/null; true' | sed "s/^/$n:/"; done)
+if [ -z "$left" ]; then ok "nothing deployed after the error"; else ko "nothing deployed after the error" "$left"; fi
+
+# 2. the site's Slurm with what podnet needs: deploy
+site_slurm
+etc_slurm >"$out/2-before.txt"
+if "$playbook" "${common[@]}" "$(book site)" >"$out/2-site.log" 2>&1; then ok "site.yml on the site's Slurm"
+else ko "site.yml on the site's Slurm" "$(grep -m3 -A8 'fatal:' "$out/2-site.log")"; fi
+c1_plugstack=$("$lab" ssh c1 cat /etc/slurm/plugstack.conf)
+if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
+        && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack"; then
+    ok "the site's plugstack.conf keeps its lines and includes plugstack.conf.d"
+else ko "plugstack.conf include" "$c1_plugstack"; fi
+job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 ip -br -4 addr show eth0" 2>&1 || true)
+if [ "$(grep -c ' 198\.1[89]\.' <<<"$job")" = 2 ]; then ok "a 2-node job runs in its pods"; else ko "a job in its pods" "$job"; fi
+
+# 3. reset: the site's Slurm as the site left it
+if "$playbook" "${common[@]}" "$(book reset)" -e podnet_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"
+else ko "reset.yml" "$(grep -m3 -A8 'fatal:' "$out/3-reset.log")"; fi
+etc_slurm >"$out/3-after.txt"
+if diff -u "$out/2-before.txt" "$out/3-after.txt" >"$out/3-diff.txt"; then ok "reset leaves /etc/slurm as the site had it"
+else ko "reset leaves /etc/slurm as the site had it" "$(head -30 "$out/3-diff.txt")"; fi
+job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 hostname" 2>&1 | sort | tr '\n' ' ')
+if [ "$job" = "c1 c2 " ]; then ok "Slurm runs jobs after reset"; else ko "Slurm runs jobs after reset" "$job"; fi
+
+echo "existing-slurm: $passed passed, $failed failed"
+[ "$failed" = 0 ]
