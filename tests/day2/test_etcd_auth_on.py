@@ -52,10 +52,11 @@ def test_auth_off_and_on_with_jobs_running(work: Workload) -> None:
     rc, msg = c1_writes(f"/podnet/{CLUSTER}/logins/c1/day2-probe")
     assert rc == 0, msg
     etcdctl(f"del /podnet/{CLUSTER}/logins/c1/day2-probe")
-    # and podnetd works with it: a new job of bob on both nodes gets its pods
+    # and podnetd works with it: a new job of bob on both nodes gets its pods (submitted as
+    # bob does: from his SSH session on the login node, his login pod)
     out = ssh(
-        "login",
-        "cd /tmp && runuser -u bob -- sbatch --parsable -J day2auth -w c1,c2 -N2 "
+        "bob@login",
+        "cd /tmp && sbatch --parsable -J day2auth -w c1,c2 -N2 "
         "-o /tmp/day2auth-%j.out --wrap 'srun hostname -I; sleep 5'",
     ).stdout
     job = int(out.strip().split(";")[0])
@@ -66,7 +67,7 @@ def test_auth_off_and_on_with_jobs_running(work: Workload) -> None:
             1,
         )
         time.sleep(1)
-        got = ssh("login", f"cat /tmp/day2auth-{job}.out").stdout
+        got = ssh("c1", f"cat /tmp/day2auth-{job}.out").stdout  # the batch host writes it
         assert got.count("198.1") == 2, got  # both tasks in their pods
     finally:
         ssh("login", f"scancel {job}", check=False)
