@@ -495,7 +495,9 @@ class Allocator:
         (for the nodes the record names), the user's VNI and, unless a newer job owns it,
         the job name. An address whose `ips/` record names a job that no longer runs
         (`running`) is a stale record of the snapshot (that job had released it before this
-        one was allocated): that job's records are released first. Anything another owner
+        one was allocated): that job's records are released first. An address record or a
+        job name that is still the job's own (another writer deleted only the job record) is
+        kept as it is, with every node's records under the name. Anything another owner
         holds (an address of a running job or a login, a block of another node, the VNI of
         another user) is never taken: AllocError says what. Returns the job record in
         etcd (this one, or the same job written by another of its nodes)."""
@@ -557,7 +559,7 @@ class Allocator:
     ) -> Job | None:
         """The job's addresses and their blocks (created if absent); returns a job that
         no longer runs whose stale record holds one of them (to release first)."""
-        for node, ip in zip(job.nodes, job.ips, strict=True):
+        for i, (node, ip) in enumerate(zip(job.nodes, job.ips, strict=True)):
             blk = str(ipaddress.IPv4Network(f"{ip}/{self.ipam.block_prefix}", strict=False))
             if blk not in blocks:
                 bkv = self.etcd.get(self.keys.block(blk))
@@ -571,18 +573,19 @@ class Allocator:
             if ikv is not None:
                 owner = _json_or_none(ikv.value)
                 other = owner.get("job_id") if isinstance(owner, dict) else None
-                if isinstance(other, int) and other != job.job_id and not running(other):
+                if other == job.job_id:
+                    # the job's own address record (only the job record was lost: another
+                    # writer deleted it): kept, in the allocator's form, if unchanged meanwhile
+                    compare.append(cmp_value(self.keys.ip(ip), ikv.value))
+                    ops.append(self.job_ip_op(job, i))
+                    continue
+                if isinstance(other, int) and not running(other):
                     stale = self.get_job(other)
                     if stale is not None and ip in stale.ips:
                         return stale
                 raise AllocError(f"address {ip} is taken: {ikv.value}")
             compare.append(cmp_absent(self.keys.ip(ip)))
-            ops.append(
-                op_put(
-                    self.keys.ip(ip),
-                    f'{{"job_id":{job.job_id},"node":{json.dumps(node)},"vni":{job.vni}}}',
-                )
-            )
+            ops.append(self.job_ip_op(job, i))
         return None
 
     def _reclaim_name(self, job: Job, compare: list[Any], ops: list[Any]) -> None:
@@ -593,6 +596,10 @@ class Allocator:
         holder = _json_or_none(nkv.value) if nkv else None
         hid = holder.get("job_id") if isinstance(holder, dict) else None
         if isinstance(hid, int) and hid > job.job_id:
+            return
+        if nkv is not None and hid == job.job_id:
+            # the job still owns its name: its records there (every node's) stay
+            compare.append(cmp_value(name_key, nkv.value))
             return
         compare.append(cmp_value(name_key, nkv.value) if nkv else cmp_absent(name_key))
         ops.append(op_delete(self.name_records(job.user, job.label), prefix=True))
