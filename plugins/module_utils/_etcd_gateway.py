@@ -35,7 +35,7 @@ ETCD_COMMON_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "timeout": {"type": "float", "default": 10.0},
     "login_user": {"type": "str"},
     "login_password": {"type": "str", "no_log": True},
-    "login_password_file": {"type": "path"},
+    "login_password_file": {"type": "path", "no_log": False},
 }
 
 # etcd refuses a membership change with this before proposing it (strict reconfig check),

@@ -21,10 +21,13 @@ import datetime
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER, LAB, etcdctl, ssh  # type: ignore[import-not-found]
+from conftest import CLUSTER, LAB, REPO, etcdctl, lab_inventory, ssh  # type: ignore[import-not-found]
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
@@ -105,6 +108,35 @@ def test_etcd_users_and_roles() -> None:
     assert f"(prefix /podnet/{CLUSTER}/logins/c1/)" in write, node
     assert f"(prefix /podnet/{CLUSTER}/)" not in write and "/logins/c2/" not in write, node
     assert "podnet-node" not in etcdctl("role list").split(), "the old shared role is gone"
+
+
+@pytest.mark.parametrize("pki", [PKI, "/etc/etcd/pki"])
+def test_the_modules_log_in_through_the_gateway_with_authentication_on(pki: str) -> None:
+    """The collection's modules, as the roles run them once authentication is on (a later
+    site.yml, podnet.yml, remove_node.yml): a certificate without a common name and the
+    gateway user's password from its file, the admin host's copy and the member's own."""
+    args = " ".join(
+        [
+            "key=/podnet/" + CLUSTER + "/config",
+            "endpoints=https://127.0.0.1:2379",
+            f"ca_cert={pki}/ca.crt",
+            f"client_cert={pki}/admin-gateway.crt",
+            f"client_key={pki}/admin-gateway.key",
+            "login_user=admin-gateway",
+            f"login_password_file={pki}/admin-gateway.password",
+        ]
+    )
+    ansible = shutil.which("ansible") or str(Path(sys.executable).with_name("ansible"))
+    cmd = [ansible, "-i", str(lab_inventory()), "ctl", "-b", "-m", "hpc.podnet.etcd_key_info"]
+    r = subprocess.run(
+        [*cmd, "-a", args],
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0 and "pod_cidr" in r.stdout, f"{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
 
 
 def test_node_certificate_refused_once_revoked_then_restored() -> None:
