@@ -72,9 +72,13 @@ class Collector:
         self.scans += 1
         if pid is None:
             return False
+        self._seen(pod, pid)
+        return True
+
+    def _seen(self, pod: Pod, pid: int) -> None:
+        """`pid` is in the pod's namespace: its witness; the namespace was seen with one."""
         self.witness[pod.name] = pid
         pod.ns_seen = True
-        return True
 
     def dead(self, pods: list[Pod], now: float | None = None) -> list[Verdict]:
         """The containers of `pods` to collect, with why."""
@@ -109,8 +113,7 @@ class Collector:
         for p, ns in pending:
             pid = live.get(ns)
             if pid is not None:
-                self.witness[p.name] = pid
-                p.ns_seen = True
+                self._seen(p, pid)
             elif p.ns_seen or now - p.created > self.grace:
                 out.append(Verdict(p, "no process is left in its network namespace"))
         return out
