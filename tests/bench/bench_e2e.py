@@ -13,9 +13,14 @@ writes build/bench/e2e.json:
 * overlay_throughput_pod_gbps / _host_gbps, overlay_throughput_ratio: TCP throughput
   (iperf3, one stream, BENCH_E2E_TPUT_SECONDS each) pod to pod across c1 and c2 (two
   steps of one `salloc -N2` job of alice: the SPANK plugin puts them in the job's pods)
-  versus host to host (root on c1 and c2, their lab underlay addresses), alternating
-  (pod, host, host, pod, ...), BENCH_E2E_TPUT_RUNS runs each, medians; the ratio is
-  pod median / host median.
+  versus host to host (root on c1 and c2, their lab underlay addresses), in rounds of
+  one run per mode, the order turned around every round, BENCH_E2E_TPUT_RUNS rounds,
+  medians; the ratio is pod median / host median;
+* overlay_throughput_bare_vxlan_gbps, overlay_throughput_ratio_vs_vxlan: the same rounds
+  also time a bare kernel VXLAN between c1's and c2's own namespaces (no bridge, veth or
+  rule of podnet's: `type vxlan id 4242 dstport 4790 nolearning ttl 64 dev host0`,
+  /30 addresses, the pods' MTU), root to root; the ratio is pod median / bare median:
+  what podnet adds to the kernel's own encapsulation.
 
 * srun_n2_true_pod_netns_only / _pod_with_pidns ms, pid_ns_overhead ms: `srun -N2 true`
   with a pod that is a network namespace only (podnetd's `pid_init: ""`) versus one that
@@ -57,7 +62,10 @@ PIDNS_BLOCK = int(os.environ.get("BENCH_E2E_PIDNS_BLOCK", "10"))
 PODNET_CONF = "/etc/podnet/podnet.yaml"
 PID_INIT = "/usr/local/lib/podnet/podnet-init"
 #: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
-POD_PORT, HOST_PORT = 5301, 5302
+POD_PORT, HOST_PORT, BARE_PORT = 5301, 5302, 5303
+#: the bare VXLAN of the reference (c1, c2): a name and addresses no lab uses
+BARE_DEV = "pnbenchvx"
+BARE_IPS = ("100.64.254.1", "100.64.254.2")
 
 
 def ssh(node: str, cmd: str, timeout: float = 900, check: bool = True) -> str:
@@ -148,14 +156,41 @@ class PodJob:
         ssh("login", f"scancel {self.job}", check=False)
 
 
-def host_run(server_ip: str) -> float:
-    """One iperf3 run from c2 to c1 in the nodes' own network (root, underlay addresses)."""
+def host_run(server_ip: str, port: int = HOST_PORT) -> float:
+    """One iperf3 run from c2 to c1 in the nodes' own network (root): to c1's underlay
+    address, or to its end of the bare VXLAN."""
     ssh(
         "c1",
-        f"setsid timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {HOST_PORT} "
+        f"setsid timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {port} -B {server_ip} "
         f"</dev/null >/dev/null 2>&1 &",
     )
-    return iperf_gbps(ssh("c2", iperf_client(server_ip, HOST_PORT)))
+    return iperf_gbps(ssh("c2", iperf_client(server_ip, port)))
+
+
+def pod_mtu(job: int) -> int:
+    netns = str(pod_of("c1", job)["netns"])
+    return int(ssh("c1", f"nsenter --net={netns} cat /sys/class/net/eth0/mtu").strip())
+
+
+def bare_vxlan_up(mtu: int) -> None:
+    """The reference: a VXLAN between c1's and c2's host namespaces, nothing else."""
+    ul = {n: underlay_ip(n) for n in ("c1", "c2")}
+    for node, other, addr in (("c1", "c2", BARE_IPS[0]), ("c2", "c1", BARE_IPS[1])):
+        ssh(
+            node,
+            f"ip link del {BARE_DEV} 2>/dev/null; "
+            f"ip link add {BARE_DEV} type vxlan id 4242 dstport 4790 nolearning ttl 64 "
+            f"local {ul[node]} dev host0 && ip link set {BARE_DEV} mtu {mtu} && "
+            f"ip addr add {addr}/30 dev {BARE_DEV} && "
+            f"bridge fdb append 00:00:00:00:00:00 dev {BARE_DEV} dst {ul[other]} && "
+            f"ip link set {BARE_DEV} up",
+        )
+    ssh("c2", f"ping -c 1 -W 5 {BARE_IPS[0]} >/dev/null")
+
+
+def bare_vxlan_down() -> None:
+    for node in ("c1", "c2"):
+        ssh(node, f"ip link del {BARE_DEV} 2>/dev/null; true", check=False)
 
 
 def require_iperf3() -> None:
@@ -170,22 +205,33 @@ def require_iperf3() -> None:
 def throughput() -> dict[str, tuple[float, str]]:
     host_ip = underlay_ip("c1")
     job = PodJob()
-    samples: dict[str, list[float]] = {"pod": [], "host": []}
+    modes = ("pod", "bare", "host")
+    samples: dict[str, list[float]] = {m: [] for m in modes}
     try:
+        bare_vxlan_up(pod_mtu(job.job))
         for i in range(TPUT_RUNS):
-            for mode in ("pod", "host") if i % 2 == 0 else ("host", "pod"):
-                gbps = job.run() if mode == "pod" else host_run(host_ip)
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                if mode == "pod":
+                    gbps = job.run()
+                elif mode == "bare":
+                    gbps = host_run(BARE_IPS[0], BARE_PORT)
+                else:
+                    gbps = host_run(host_ip)
                 samples[mode].append(gbps)
                 print(f"# throughput run {i + 1} {mode} {gbps:.2f} Gbit/s", file=sys.stderr)
     finally:
         job.close()
+        bare_vxlan_down()
     pod_m = statistics.median(samples["pod"])
     host_m = statistics.median(samples["host"])
+    bare_m = statistics.median(samples["bare"])
     THROUGHPUT_SAMPLES.update(samples)
     return {
         "overlay_throughput_pod_gbps": (pod_m, "Gbit/s"),
         "overlay_throughput_host_gbps": (host_m, "Gbit/s"),
         "overlay_throughput_ratio": (pod_m / host_m, "ratio"),
+        "overlay_throughput_bare_vxlan_gbps": (bare_m, "Gbit/s"),
+        "overlay_throughput_ratio_vs_vxlan": (pod_m / bare_m, "ratio"),
     }
 
 
