@@ -18,9 +18,12 @@ writes build/bench/e2e.json:
   medians; the ratio is pod median / host median;
 * overlay_throughput_bare_vxlan_gbps, overlay_throughput_ratio_vs_vxlan: the same rounds
   also time a bare kernel VXLAN between c1's and c2's own namespaces (no bridge, veth or
-  rule of podnet's: `type vxlan id 4242 dstport 4790 nolearning ttl 64 dev host0`,
-  /30 addresses, the pods' MTU), root to root; the ratio is pod median / bare median:
-  what podnet adds to the kernel's own encapsulation.
+  rule of podnet's: `type vxlan id 4242 dstport 4790 nolearning ttl 64 dev host0`, the
+  options podnetd gives a user's VXLAN, on a port nothing listens on; a static all-zero
+  FDB entry to the other node; /30 addresses of 100.64.254.0/30; the pods' MTU), root to
+  root; the ratio is pod median / bare median: what podnet adds to the kernel's own
+  encapsulation. The device is removed at the end, also on failure or SIGTERM/SIGHUP/
+  SIGINT (a device left by a killed run is replaced by the next one).
 
 * srun_n2_true_pod_netns_only / _pod_with_pidns ms, pid_ns_overhead ms: `srun -N2 true`
   with a pod that is a network namespace only (podnetd's `pid_init: ""`) versus one that
@@ -43,6 +46,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -63,9 +67,13 @@ PODNET_CONF = "/etc/podnet/podnet.yaml"
 PID_INIT = "/usr/local/lib/podnet/podnet-init"
 #: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
 POD_PORT, HOST_PORT, BARE_PORT = 5301, 5302, 5303
-#: the bare VXLAN of the reference (c1, c2): a name and addresses no lab uses
+#: the bare VXLAN of the reference (c1, c2): a name, VNI, UDP port and addresses that no
+#: podnet device, lab or overlay uses (podnet: 4789, Flannel: 8472; pods 198.18.0.0/15)
 BARE_DEV = "pnbenchvx"
+BARE_VNI, BARE_UDP = 4242, 4790
 BARE_IPS = ("100.64.254.1", "100.64.254.2")
+#: the VXLAN options compared between a user's VXLAN (podnetd's) and the bare one
+VXLAN_KEYS = ("ttl", "learning", "udp_csum", "udp_zero_csum6_tx", "udp_zero_csum6_rx", "ageing")
 
 
 def ssh(node: str, cmd: str, timeout: float = 900, check: bool = True) -> str:
@@ -172,25 +180,53 @@ def pod_mtu(job: int) -> int:
     return int(ssh("c1", f"nsenter --net={netns} cat /sys/class/net/eth0/mtu").strip())
 
 
+def vxlan_options(node: str, prefix: str) -> dict[str, object]:
+    """VXLAN_KEYS of the first VXLAN device on `node` whose name starts with `prefix`."""
+    for link in json.loads(ssh(node, "ip -d -j link show type vxlan") or "[]"):
+        if str(link.get("ifname", "")).startswith(prefix):
+            data = link.get("linkinfo", {}).get("info_data", {})
+            opts = {k: data.get(k) for k in VXLAN_KEYS}
+            return {**opts, "mtu": link.get("mtu"), "name": link.get("ifname")}
+    return {}
+
+
 def bare_vxlan_up(mtu: int) -> None:
     """The reference: a VXLAN between c1's and c2's host namespaces, nothing else."""
     ul = {n: underlay_ip(n) for n in ("c1", "c2")}
     for node, other, addr in (("c1", "c2", BARE_IPS[0]), ("c2", "c1", BARE_IPS[1])):
         ssh(
             node,
-            f"ip link del {BARE_DEV} 2>/dev/null; "
-            f"ip link add {BARE_DEV} type vxlan id 4242 dstport 4790 nolearning ttl 64 "
-            f"local {ul[node]} dev host0 && ip link set {BARE_DEV} mtu {mtu} && "
-            f"ip addr add {addr}/30 dev {BARE_DEV} && "
-            f"bridge fdb append 00:00:00:00:00:00 dev {BARE_DEV} dst {ul[other]} && "
+            f"set -e; ip link del {BARE_DEV} 2>/dev/null || true; "
+            # the port must be free: a listener on it would take the bench's datagrams
+            f'if [ -n "$(ss -Hlun sport = :{BARE_UDP})" ]; then '
+            f"echo 'UDP port {BARE_UDP} in use' >&2; exit 1; fi; "
+            f"ip link add {BARE_DEV} type vxlan id {BARE_VNI} dstport {BARE_UDP} nolearning "
+            f"ttl 64 local {ul[node]} dev host0; ip link set {BARE_DEV} mtu {mtu}; "
+            f"ip addr add {addr}/30 dev {BARE_DEV}; "
+            f"bridge fdb append 00:00:00:00:00:00 dev {BARE_DEV} dst {ul[other]}; "
             f"ip link set {BARE_DEV} up",
         )
     ssh("c2", f"ping -c 1 -W 5 {BARE_IPS[0]} >/dev/null")
+    pod, bare = vxlan_options("c1", "pnvx"), vxlan_options("c1", BARE_DEV)
+    BARE_VXLAN.update({"pod_path": pod, "bare": bare})
+    differ = {
+        k: (pod.get(k), bare.get(k)) for k in (*VXLAN_KEYS, "mtu") if pod.get(k) != bare.get(k)
+    }
+    if not pod:
+        print("# no pnvx* VXLAN on c1 to compare the bare VXLAN with", file=sys.stderr)
+    elif differ:
+        print(
+            f"# bare VXLAN differs from {pod['name']} (pod path, bare): {differ}", file=sys.stderr
+        )
 
 
 def bare_vxlan_down() -> None:
     for node in ("c1", "c2"):
         ssh(node, f"ip link del {BARE_DEV} 2>/dev/null; true", check=False)
+
+
+#: the pod path's VXLAN options and the bare VXLAN's (build/bench/e2e.json)
+BARE_VXLAN: dict[str, object] = {}
 
 
 def require_iperf3() -> None:
@@ -203,6 +239,8 @@ def require_iperf3() -> None:
 
 
 def throughput() -> dict[str, tuple[float, str]]:
+    if TPUT_RUNS < 3:
+        sys.exit(f"bench-e2e: BENCH_E2E_TPUT_RUNS={TPUT_RUNS}: at least 3 rounds")
     host_ip = underlay_ip("c1")
     job = PodJob()
     modes = ("pod", "bare", "host")
@@ -383,7 +421,14 @@ def image() -> dict[str, tuple[float, str]]:
     }
 
 
+def _on_signal(signum: int, _frame: object) -> None:
+    # SystemExit runs the `finally` blocks: the job cancelled, the bare VXLAN removed
+    sys.exit(f"bench-e2e: signal {signum}")
+
+
 def main() -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
         sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
     figures: dict[str, tuple[float, str]] = {}
@@ -412,6 +457,7 @@ def main() -> int:
                 "throughput_runs": TPUT_RUNS if "throughput" in PARTS else 0,
                 "throughput_seconds": TPUT_SECONDS,
                 "throughput_samples_gbps": THROUGHPUT_SAMPLES,
+                "bare_vxlan": BARE_VXLAN,
                 "figures": {k: {"value": round(v, 2), "unit": u} for k, (v, u) in figures.items()},
             },
             indent=2,

@@ -17,10 +17,12 @@
     the cost ratio, steadier than the throughput ratio on a shared machine;
   - gateway_egress_throughput_router_gbps, gateway_egress_ratio_vs_router,
     gateway_egress_cpu_router_s_per_gb: the same hops as a plain Linux router, same
-    rounds: a host-side process on c1 (root, no pod) to ext through the active gateway,
-    which forwards and masquerades it in a network namespace of its own (macvlans on its
-    host0 and ext0: no podnet rule on the way), /30 addresses of 100.64.252.0/23 on
-    both legs; the ratio is pod median / router median;
+    rounds (pod, router, host, the order turned around every round): a host-side process
+    on c1 (root, no pod) to ext through the active gateway, which forwards and
+    masquerades it in a network namespace of its own (macvlans on its host0 and ext0: no
+    podnet rule on the way), /30 addresses of 100.64.252.0/23 on both legs, c1's route
+    to ext with the pod's MTU; the ratio is pod median / router median. Everything the
+    router needs is removed at the end, also on failure or SIGTERM/SIGHUP/SIGINT;
   - gateway_failover_ms: the active gateway loses both links, the cluster side first
     (no VRRP goodbye: a dead gateway, as the network sees it); from the last TCP
     connection from alice's pod to ext that worked before to the first that works
@@ -33,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -191,17 +194,21 @@ def _job() -> tuple[int, str]:
         "cd /tmp && runuser -u alice -- sbatch --parsable -J gwbench -w c1 -N1 --wrap 'sleep 900'",
     )
     job = int(o.strip().split(";")[0])
-    for _ in range(120):
-        if ssh("login", f"squeue -h -j {job} -o %T").strip() == "RUNNING":
-            break
-        time.sleep(0.5)
-    for _ in range(60):
-        pods = json.loads(ssh("c1", "podnet --json pods"))
-        p = [x for x in pods if x.get("job_id") == job]
-        if p:
-            return job, Path(p[0]["netns"]).name
-        time.sleep(0.5)
-    raise SystemExit("no pod for the benchmark job")
+    try:
+        for _ in range(120):
+            if ssh("login", f"squeue -h -j {job} -o %T").strip() == "RUNNING":
+                break
+            time.sleep(0.5)
+        for _ in range(60):
+            pods = json.loads(ssh("c1", "podnet --json pods"))
+            p = [x for x in pods if x.get("job_id") == job]
+            if p:
+                return job, Path(p[0]["netns"]).name
+            time.sleep(0.5)
+        raise SystemExit("no pod for the benchmark job")
+    except BaseException:
+        ssh("login", f"scancel {job}", check=False)
+        raise
 
 
 def _iperf(node: str, prefix: str, ext: str) -> tuple[float, float]:
@@ -213,10 +220,10 @@ def _iperf(node: str, prefix: str, ext: str) -> tuple[float, float]:
     return float(rx["bits_per_second"]) / 1e9, cpu_s / (float(rx["bytes"]) / 1e9)
 
 
-def router_up(gw: str) -> None:
+def router_up(gw: str, mtu: int) -> None:
     """A plain Linux router on the gateway: a namespace with a macvlan on host0 and one
     on ext0, forwarding and masquerade, no other rule; c1 and ext get the other end of
-    each leg."""
+    each leg (c1's route to ext with `mtu`, the pod's)."""
     nat = (
         f"table ip {RT_NS} {{\n chain post {{\n"
         "  type nat hook postrouting priority srcnat; policy accept;\n"
@@ -237,7 +244,7 @@ def router_up(gw: str) -> None:
     ssh(
         "c1",
         f"ip addr add {RT_CLUSTER[1]}/30 dev host0 && "
-        f"ip route replace {RT_EXT[1]}/32 via {RT_CLUSTER[0]} dev host0",
+        f"ip route replace {RT_EXT[1]}/32 via {RT_CLUSTER[0]} dev host0 mtu {mtu}",
     )
     ssh("ext", f"ip addr add {RT_EXT[1]}/30 dev host0")
     ssh("c1", f"ping -c 1 -W 5 -I {RT_CLUSTER[1]} {RT_EXT[1]} >/dev/null")
@@ -260,8 +267,11 @@ def bench_throughput(ns: str, vip: str, ext: str) -> None:
     ssh("ext", "true")
     runs: dict[str, list[tuple[float, float]]] = {"pod": [], "router": [], "host": []}
     router_gw = active_gateway(vip)
-    router_up(router_gw)
+    if not router_gw:
+        raise SystemExit("bench-gateway: no gateway holds the virtual address")
+    mtu = int(ssh("c1", f"ip netns exec {ns} cat /sys/class/net/eth0/mtu").strip())
     try:
+        router_up(router_gw, mtu)
         for i in range(TPUT_RUNS):
             gw = active_gateway(vip)
             order = ("pod", "router", "host")
@@ -347,10 +357,17 @@ def bench_failover(ns: str, vip: str, ext: str) -> None:
         out("gateway_failover_max_ms", max(times), "ms")
 
 
+def _on_signal(signum: int, _frame: object) -> None:
+    # SystemExit runs the `finally` blocks: router, policy, job and servers cleaned up
+    raise SystemExit(f"bench-gateway: signal {signum}")
+
+
 def main() -> None:
     if "--policy-child" in sys.argv:
         policy_apply_child()
         return
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     bench_policy_apply()
     if _lab_env().get("LAB_GATEWAYS") != "1":
         print(f"# lab {LAB} has no gateways: throughput and failover skipped", file=sys.stderr)
@@ -365,8 +382,8 @@ def main() -> None:
     )
     saved = ssh("ctl", f"{etcdctl} get --print-value-only {key}", check=False).strip()
     pol = {"egress": [{"action": "allow", "cidr": f"{ext}/32", "proto": "tcp", "ports": "5201"}]}
-    ssh("ctl", f"{etcdctl} put {key} '{json.dumps(pol)}'")
     try:
+        ssh("ctl", f"{etcdctl} put {key} '{json.dumps(pol)}'")
         time.sleep(1)
         bench_throughput(ns, vip, ext)
         bench_failover(ns, vip, ext)
