@@ -177,7 +177,8 @@ def host_run(server_ip: str, port: int = HOST_PORT) -> float:
 
 def pod_mtu(job: int) -> int:
     netns = str(pod_of("c1", job)["netns"])
-    return int(ssh("c1", f"nsenter --net={netns} cat /sys/class/net/eth0/mtu").strip())
+    # nsenter leaves /sys as it was (the node's links): ask rtnetlink in the pod's netns
+    return int(json.loads(ssh("c1", f"nsenter --net={netns} ip -j link show dev eth0"))[0]["mtu"])
 
 
 def vxlan_options(node: str, prefix: str) -> dict[str, object]:

@@ -269,7 +269,7 @@ def bench_throughput(ns: str, vip: str, ext: str) -> None:
     router_gw = active_gateway(vip)
     if not router_gw:
         raise SystemExit("bench-gateway: no gateway holds the virtual address")
-    mtu = int(ssh("c1", f"ip netns exec {ns} cat /sys/class/net/eth0/mtu").strip())
+    mtu = int(json.loads(ssh("c1", f"ip -n {ns} -j link show dev eth0"))[0]["mtu"])
     try:
         router_up(router_gw, mtu)
         for i in range(TPUT_RUNS):
