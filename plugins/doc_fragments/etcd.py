@@ -48,6 +48,12 @@ options:
     description:
       - Password of O(login_user).
     type: str
+  login_password_file:
+    description:
+      - File on the managed node whose first line is the password of O(login_user), when
+        O(login_password) is not given (the etcd role keeps the admin's there, mode 0600).
+      - A missing file means no password.
+    type: path
 notes:
   - Needs no Python package on the managed node beyond Ansible itself (requests go through
     C(ansible.module_utils.urls)).

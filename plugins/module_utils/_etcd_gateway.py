@@ -35,6 +35,7 @@ ETCD_COMMON_ARGUMENT_SPEC: dict[str, dict[str, t.Any]] = {
     "timeout": {"type": "float", "default": 10.0},
     "login_user": {"type": "str"},
     "login_password": {"type": "str", "no_log": True},
+    "login_password_file": {"type": "path", "no_log": False},
 }
 
 # etcd refuses a membership change with this before proposing it (strict reconfig check),
@@ -461,6 +462,18 @@ def _decode_perm(perm: Json) -> Json:
     }
 
 
+def login_password(params: dict[str, t.Any]) -> str | None:
+    """login_password, or the first line of login_password_file (a missing file: none;
+    etcd then refuses the login if authentication is on)."""
+    if params.get("login_password") is not None:
+        return str(params["login_password"])
+    path = params.get("login_password_file")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.readline().rstrip("\n")
+
+
 def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
     return EtcdGateway(
         endpoints=list(params["endpoints"]),
@@ -469,7 +482,7 @@ def gateway_from_module_params(params: dict[str, t.Any]) -> EtcdGateway:
         client_key=params.get("client_key"),
         timeout=float(params.get("timeout") or 10.0),
         login_user=params.get("login_user"),
-        login_password=params.get("login_password"),
+        login_password=login_password(params),
     )
 
 

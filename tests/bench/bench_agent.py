@@ -14,7 +14,8 @@ Setup (one "node", as in tests/agent/conftest.py):
 * the CNI side: netns `pbn-cnih` plays the node (bridge `pbncni0`, 198.19.192.0/20,
   host-local IPAM data in the temp dir); each CNI pod is a netns `pbnc<i>` made by
   `ip netns add`;
-* fake remote VTEPs (FDB entries only, never sent to) from 198.19.208.0/20; the
+* fake remote nodes (FDB entries only, never sent to) at 198.19.208.0/20, their pods in
+  198.19.240.0/20 (a job record per user: the nodes of its pods are its VTEPs); the
   allocation phase runs in-process in its own keyspace (cluster `pbnalloc`).
 All addresses are inside the bench's 198.19.128.0/17 (RFC 2544 benchmarking space); none is
 in 203.0.113.0/24, where this machine's package mirrors answer (203.0.113.80), and nothing
@@ -53,7 +54,7 @@ from podnet.api.client import call  # noqa: E402
 from podnet.names import Keys, vxlan_name  # noqa: E402
 from podnet.state.alloc import Allocator  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
-from podnet.state.store import Etcd, op_delete, op_put  # noqa: E402
+from podnet.state.store import Etcd, op_put  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
 CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")
@@ -76,6 +77,8 @@ NS = ("ip", "netns", "exec", NODE_NETNS)
 CNI_BRIDGE = "pbncni0"
 CNI_SUBNET = "198.19.192.0/20"
 FAKE_VTEPS = ipaddress.IPv4Network("198.19.208.0/20")
+#: addresses of the fake nodes' pods (records only: no block, never routed)
+FAKE_PODS = ipaddress.IPv4Network("198.19.240.0/20")
 ALLOC_CLUSTER = "pbnalloc"
 ALLOC_CIDR = "198.19.128.0/18"  # its own keyspace: 1024 blocks of /28 for 1000 fake nodes
 ALLOC_BLOCK_PREFIX = 28
@@ -534,28 +537,44 @@ class Bench:
             VNI_MIN,
             VNI_MAX,
         )
+        # the other VTEPs of a user's network are the nodes of the user's other pods (a job
+        # record naming n fake nodes, registered at fake underlay addresses): n flood
+        # entries, and n unicast entries for the n remote pods
+        fakes = [f"pbnfake{j}" for j in range(max(vtep_counts, default=0))]
+        self.etcd.put_many(
+            op_put(self.keys.node(f), {"ip": str(FAKE_VTEPS[j + 1]), "roles": ["compute"]})
+            for j, f in enumerate(fakes)
+        )
+        self.quiesce()
         for n in vtep_counts:
             samples: list[float] = []
             for s in range(FIRST_POD_SAMPLES + 1):  # the first round is a warm-up
                 self.next_user += 1
                 user = self.user(self.next_user)
                 vni = alloc.user_vni(*user)
-                fake = [
-                    op_put(
-                        self.keys.vtep(vni, f"pbnfake{j}"),
-                        {"ip": str(FAKE_VTEPS[j + 1])},
-                    )
-                    for j in range(n)
-                ]
-                if fake:
-                    self.etcd.put_many(fake)
-                self.quiesce()  # podnetd's watch has seen the keys: they predate the job
+                other = 990000 + self.next_user
+                if n:
+                    ips = [str(FAKE_PODS[j + 1]) for j in range(n)]
+                    rec = {
+                        "job_id": other,
+                        "user": user[0],
+                        "uid": user[1],
+                        "name": "other",
+                        "label": "other",
+                        "nodes": fakes[:n],
+                        "ips": ips,
+                        "vni": vni,
+                        "created": time.time(),
+                    }
+                    self.etcd.put(self.keys.job(other), rec)
+                self.quiesce()  # podnetd's watch has seen the records: they predate the job
                 jid, dt = self.job_up(user)
                 if s == 0:  # the pod's VXLAN really lists the other VTEPs
                     fdb = sh(*NS, "bridge", "fdb", "show", "dev", vxlan_name(vni)).stdout
                     dsts = [
                         w[i + 1]
                         for w in map(str.split, fdb.splitlines())
+                        if w and w[0] == "00:00:00:00:00:00"
                         for i, t in enumerate(w[:-1])
                         if t == "dst"
                     ]
@@ -565,7 +584,7 @@ class Bench:
                 if s > 0:
                     samples.append(dt)
                 self.job_down(jid)
-                self.etcd.put_many([op_delete(self.keys.prefix(f"vteps/{vni}"), prefix=True)])
+                self.etcd.delete(self.keys.job(other))
             self.figure(f"user_first_pod_p99_vteps{n}{suffix}", ms(pct(samples, 99)), "ms")
             self.extra[f"user_first_pod_p50_vteps{n}{suffix}_ms"] = ms(pct(samples, 50))
             self.extra[f"user_first_pod_samples_vteps{n}{suffix}"] = len(samples)

@@ -62,9 +62,9 @@ sys.path.insert(0, str(ROOT / "agent/src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from podnet.names import Keys  # noqa: E402
-from podnet.state.alloc import Allocator, Job  # noqa: E402
+from podnet.state.alloc import BACKUPS, Allocator, Job, JobRecords  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
-from podnet.state.store import Etcd  # noqa: E402
+from podnet.state.store import KV, Etcd  # noqa: E402
 from svgplot import Reference, Series, xy_chart  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
@@ -129,16 +129,7 @@ def machine_ticks() -> tuple[int, int]:
     return sum(v[:8]) - idle, sum(v[:8])
 
 
-def clone_ipam(t: Ipam) -> Ipam:
-    """An independent copy of a loaded IPAM view (one per simulated node)."""
-    c = Ipam(t.cidr, t.block_prefix)
-    c.used = set(t.used)
-    c.blocks = dict(t.blocks)
-    c.node_blocks = {n: list(b) for n, b in t.node_blocks.items()}
-    return c
-
-
-def allocator(etcd: Etcd, ipam: Ipam | None = None) -> Allocator:
+def allocator(etcd: Etcd, ipam: Ipam | None = None, jobs: JobRecords | None = None) -> Allocator:
     return Allocator(
         etcd,
         Keys(CLUSTER),
@@ -146,7 +137,49 @@ def allocator(etcd: Etcd, ipam: Ipam | None = None) -> Allocator:
         ZONE,
         VNI_MIN,
         VNI_MAX,
+        jobs=jobs,
     )
+
+
+def ipam_state(t: Ipam) -> dict[str, Any]:
+    """A loaded IPAM view as plain data (sent to the node processes)."""
+    return {
+        "used": sorted(t.used),
+        "blocks": {str(b): n for b, n in t.blocks.items()},
+    }
+
+
+def ipam_of(state: dict[str, Any]) -> Ipam:
+    t = Ipam(ipaddress.IPv4Network(POD_CIDR), BLOCK_PREFIX)
+    for blk, node in state["blocks"].items():
+        t.set_block(ipaddress.IPv4Network(blk), node)
+    t.mark(state["used"])
+    return t
+
+
+def follow_jobs(a: Allocator) -> None:
+    """podnetd's watch of `jobs/` (node/etcd_sync.py), as far as a job start needs it:
+    the job records (where the allocator takes a job from) and the addresses in use."""
+    keys, jobs = Keys(CLUSTER), a.jobs
+    assert jobs is not None
+
+    def on_event(kind: str, key: str, kv: KV | None) -> None:
+        job_id = int(key.rsplit("/", 1)[-1])
+        if kv is not None:
+            job = Job.from_json(kv.json(), kv.mod_revision)
+            jobs.put(job)
+            a.ipam.mark(job.ips)
+        elif (old := jobs.remove(job_id)) is not None:
+            a.ipam.mark(old.ips, used=False)
+
+    def resync() -> int:
+        kvs, rev = a.etcd.get_prefix(keys.prefix("jobs"))
+        jobs.reset([Job.from_json(kv.json(), kv.mod_revision) for kv in kvs])
+        return rev
+
+    w = a.etcd.watch_prefix(keys.prefix("jobs"), resync(), on_event, resync)
+    if not w.created.wait(60):
+        raise RuntimeError("etcd did not confirm the watch of jobs/")
 
 
 # -- one simulated node ------------------------------------------------------------------
@@ -154,18 +187,16 @@ def node_path(
     a: Allocator, job_id: int, nodes: list[str], index: int, vni: int
 ) -> tuple[Job, float]:
     """podnetd's job_up, etcd side, with the kernel work replaced by its cost; returns the
-    job and when (time.monotonic) this node had its address."""
+    job and when (time.monotonic) this node had its address. The allocation (the first
+    node's transaction, or the record from this node's watch) writes the pods' records:
+    a node sends nothing after it."""
     t0 = time.perf_counter()
     job = a.allocate_job(job_id, USER, UID, f"scale{len(nodes)}", nodes, vni, index)
     allocated = time.monotonic()
     left = NETNS_MS / 1000 - (time.perf_counter() - t0)
     if left > 0:  # the netns is made while the allocation travels
         time.sleep(left)
-    t1 = time.perf_counter()
-    a.publish_pod(job, index, nodes[index])
-    left = WIRE_MS / 1000 - (time.perf_counter() - t1)
-    if left > 0:  # the pod is wired while its records travel
-        time.sleep(left)
+    time.sleep(WIRE_MS / 1000)  # the pod is wired
     return job, allocated
 
 
@@ -180,6 +211,7 @@ class Sample:
     cpu: float  # CPU the node's thread used
     run_wait: float  # time the node's thread was ready but had no core
     error: str = ""
+    requests: int = 0  # requests the node sent to etcd
 
 
 def node_thread(
@@ -192,26 +224,25 @@ def node_thread(
     job: dict[str, Any],
     out: dict[int, Sample],
 ) -> None:
-    a = allocator(Etcd([url], None, None, None, 30.0), ipam)
+    etcd = Etcd([url], None, None, None, 30.0)
+    a = allocator(etcd, ipam, JobRecords())
     a.etcd.get(Keys(CLUSTER).config)  # a running podnetd's connection to etcd is open
+    follow_jobs(a)  # and its watch
     stat = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
-    last: Job | None = None
     while True:
         go.wait()
         if job.get("stop"):
+            etcd.close()
             return
-        if last is not None:  # what podnetd's watch on ips/ tells every node
-            a.ipam.mark(last.ips, used=False)
-            a.ipam.release_pending(last.ips)
-            last = None
         deadline = float(job["deadline"])
         time.sleep(max(0.0, deadline - time.monotonic()))
         woke = time.monotonic()
         cpu0, wait0 = schedstat(stat)
         err = ""
         allocated = woke
+        req0 = etcd.requests
         try:
-            last, allocated = node_path(a, int(job["id"]), names, index, int(job["vni"]))
+            _job, allocated = node_path(a, int(job["id"]), names, index, int(job["vni"]))
         except Exception as e:  # reported by the coordinator
             err = f"{names[index]}: {type(e).__name__}: {e}"
         end = time.monotonic()
@@ -224,15 +255,19 @@ def node_thread(
             cpu1 - cpu0,
             wait1 - wait0,
             err,
+            etcd.requests - req0,
         )
         done.wait()
 
 
 def node_process(
-    conn: Connection, indices: list[int], names: list[str], url: str, ipam: Ipam
+    conn: Connection, indices: list[int], names: list[str], url: str, ipam: dict[str, Any]
 ) -> None:
     """Hosts `indices` (one node each by default): runs each job the coordinator sends."""
-    os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE if 0 in indices else NODE_NICE)
+    # the first node and the nodes that take over when it is late (alloc.BACKUPS) are on
+    # every node's path: on a cluster they do not share a CPU with the others
+    critical = any(i <= BACKUPS for i in indices)
+    os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE if critical else NODE_NICE)
     go = threading.Barrier(len(indices) + 1)
     done = threading.Barrier(len(indices) + 1)
     job: dict[str, Any] = {}
@@ -240,7 +275,7 @@ def node_process(
     threads = [
         threading.Thread(
             target=node_thread,
-            args=(i, names, url, clone_ipam(ipam), go, done, job, out),
+            args=(i, names, url, ipam_of(ipam), go, done, job, out),
             daemon=True,
         )
         for i in indices
@@ -262,36 +297,15 @@ def node_process(
 
 
 # -- the wait path alone -----------------------------------------------------------------
-class CountingEtcd(Etcd):
-    """podnetd's store, counting the requests this node sends."""
-
-    def __init__(self, url: str) -> None:
-        super().__init__([url], None, None, None, 30.0)
-        self.requests = 0
-
-    def post(self, path: str, payload: dict[str, Any], timeout: float | None = None) -> Any:
-        self.requests += 1
-        return super().post(path, payload, timeout)
-
-    def get_or_wait(self, key: str, timeout: float) -> Any:
-        self.requests += 1  # the watch (its read and final read go through post)
-        return super().get_or_wait(key, timeout)
-
-
-class PollingEtcd(CountingEtcd):
-    """The same without a watch: the allocator polls (reads backing off 2-64 ms), as
-    podnetd did before it watched the job record."""
-
-    get_or_wait = None  # type: ignore[assignment]
-
-
-def waiter_process(conn: Connection, index: int, url: str, poll: bool, names: list[str]) -> None:
-    """One node of a large job that is not its first: waits for the job's record."""
+def waiter_process(conn: Connection, index: int, url: str, names: list[str]) -> None:
+    """One node of a large job that is not its first: waits for the job's record on its
+    watch of `jobs/` (podnetd's, open before the job)."""
     # a few nodes at normal priority: they must all be waiting when the record comes
     os.setpriority(os.PRIO_PROCESS, 0, 0)
-    etcd = PollingEtcd(url) if poll else CountingEtcd(url)
-    a = allocator(etcd)
+    etcd = Etcd([url], None, None, None, 30.0)
+    a = allocator(etcd, None, JobRecords())
     etcd.get(Keys(CLUSTER).config)
+    follow_jobs(a)
     stat = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -303,6 +317,7 @@ def waiter_process(conn: Connection, index: int, url: str, poll: bool, names: li
         got = time.monotonic()
         cpu1, _ = schedstat(stat)
         conn.send((started, got, cpu1 - cpu0, etcd.requests - req0))
+    etcd.close()
 
 
 # -- the coordinator ---------------------------------------------------------------------
@@ -325,6 +340,11 @@ class Scale:
         self.extra: dict[str, Any] = {}
         self.job_id = 900000
         self.vni = 0
+        # node processes are forked from a server started before any gRPC channel (a
+        # process must not fork with gRPC's threads running), with podnetd's code loaded
+        self.ctx = mp.get_context("forkserver")
+        self.ctx.set_forkserver_preload(["__main__", "grpc", "podnet.state.alloc"])
+        self.ctx.Process(target=int).start()  # start the server now
 
     def start_etcd(self) -> Etcd:
         port, peer = free_port(), free_port()
@@ -372,17 +392,19 @@ class Scale:
         warm = coord.allocate_job(self.job_id, USER, UID, "warm", names, self.vni)
         coord.release_job(warm)
         coord.load_view()
-        groups = [[0]] + [
-            list(range(i, min(n, i + NODES_PER_PROC))) for i in range(1, n, NODES_PER_PROC)
+        groups = [[i] for i in range(min(n, BACKUPS + 1))] + [
+            list(range(i, min(n, i + NODES_PER_PROC)))
+            for i in range(BACKUPS + 1, n, NODES_PER_PROC)
         ]
-        ctx = mp.get_context("fork")
+        ctx = self.ctx
         conns: list[Connection] = []
         procs = []
         t0 = time.monotonic()
+        state = ipam_state(coord.ipam)
         for g in groups:
             mine, theirs = ctx.Pipe()
             p = ctx.Process(
-                target=node_process, args=(theirs, g, names, self.url, coord.ipam), daemon=True
+                target=node_process, args=(theirs, g, names, self.url, state), daemon=True
             )
             p.start()
             theirs.close()
@@ -396,7 +418,9 @@ class Scale:
         jobs: list[dict[str, Any]] = []
         samples: list[Sample] = []
         try:
-            for _ in range(JOBS):
+            # one untimed job first: every node's connection and watch carry one job
+            # before the timed ones (a running podnetd's are warm)
+            for k in range(JOBS + 1):
                 self.job_id += 1
                 # far enough ahead that every process has its message before the start
                 deadline = time.monotonic() + 0.3 + 0.002 * n
@@ -410,6 +434,9 @@ class Scale:
                 if errors:
                     raise RuntimeError(f"{len(errors)} node errors, first: {errors[0]}")
                 self.check_and_release(coord, n)
+                if k == 0:
+                    log(f"  job {self.job_id}: warm-up, not timed")
+                    continue
                 by = sorted(got, key=lambda s: s.from_start)
                 jobs.append(
                     {
@@ -450,11 +477,11 @@ class Scale:
                     p.kill()
         self.summarize(n, jobs, samples)
 
-    def run_wait(self, etcd: Etcd, poll: bool) -> None:
+    def run_wait(self, etcd: Etcd) -> None:
         """`WAITERS` nodes of a `WAIT_JOB_NODES`-node job wait for its record, which the
         first node writes `WAIT_LEADER_MS` after they start: how late each sees it, and
-        what the wait costs the node and etcd (watch, or polling as before)."""
-        mode = "poll" if poll else "watch"
+        what the wait costs the node and etcd."""
+        mode = "watch"
         log(f"wait path ({mode}): {WAITERS} nodes, first node after {WAIT_LEADER_MS:.0f} ms")
         n = WAIT_JOB_NODES
         names = [f"pbw{n:04d}-{i:04d}" for i in range(n)]
@@ -462,14 +489,12 @@ class Scale:
         coord.load_view()
         self.job_id += 1
         coord.release_job(coord.allocate_job(self.job_id, USER, UID, "wait", names, self.vni))
-        ctx = mp.get_context("fork")
+        ctx = self.ctx
         conns: list[Connection] = []
         procs = []
         for i in range(1, WAITERS + 1):
             mine, theirs = ctx.Pipe()
-            p = ctx.Process(
-                target=waiter_process, args=(theirs, i, self.url, poll, names), daemon=True
-            )
+            p = ctx.Process(target=waiter_process, args=(theirs, i, self.url, names), daemon=True)
             p.start()
             theirs.close()
             conns.append(mine)
@@ -552,6 +577,9 @@ class Scale:
         # moment its process ran, which on this busy host can be long after the start)
         own = [j["own_max_ms"] for j in jobs]
         self.figures[f"job_start_max_node_own_ms_nodes{n}"] = (round(statistics.mean(own), 1), "ms")
+        # etcd's CPU for a job divided by its nodes: what no cluster spreads out
+        per_node = statistics.mean(j["etcd_cpu_ms"] for j in jobs) / n
+        self.figures[f"etcd_cpu_ms_per_node_nodes{n}"] = (round(per_node, 3), "ms")
         mean = statistics.mean
         self.sizes[f"nodes{n}"] = {
             "jobs": len(jobs),
@@ -568,6 +596,9 @@ class Scale:
                 "min": ms(min(from_start)),
             },
             "first_node_ms_mean": round(mean(j["first_node_ms"] for j in jobs), 1),
+            "etcd_cpu_ms_per_node": round(per_node, 3),
+            "requests_per_node": round(mean(s.requests for s in samples), 3),
+            "requests_first_node_mean": round(mean(s.requests for s in samples if s.index == 0), 2),
             "first_node_committed_ms_mean": round(
                 mean(j["first_node_committed_ms"] for j in jobs), 1
             ),
@@ -612,8 +643,7 @@ class Scale:
         # the coordinator is the first node of the wait path's jobs
         os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE)
         if WAITERS > 0 and WAIT_ROUNDS > 0:
-            for poll in (False, True):
-                self.run_wait(etcd, poll)
+            self.run_wait(etcd)
         for n in SIZES:
             log(f"{JOBS} jobs of {n} nodes")
             self.run_size(etcd, n)
@@ -679,10 +709,20 @@ def figure(runs: list[dict[str, Any]], labels: list[str]) -> str:
             dashed=True,
         )
     )
+    if all("etcd_cpu_ms_per_node" in p[n] for p in per_run for n in common):
+        series.append(
+            Series(
+                "etcd's CPU per node of the job (ms; etcd_cpu_ms_per_node: what a cluster "
+                "does not spread out)",
+                mean_of("etcd_cpu_ms_per_node"),
+                color="#d62728",
+                dashed=True,
+            )
+        )
     return xy_chart(
         "Job network setup time against job size (as the pcocc paper's Figure 2, top)",
         "nodes in the job",
-        "network setup time (ms, log scale)",
+        "network setup time; etcd CPU per node (ms, log scale)",
         series,
         [
             Reference(

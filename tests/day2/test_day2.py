@@ -213,6 +213,10 @@ def test_remove_node_leaves_no_key_naming_it(work: Workload) -> None:
     assert not [k for k in keys if k.split("/")[-1] == SPARE or f"/{SPARE}/" in k], keys
     blocks = etcdctl(f"get --prefix /podnet/{CLUSTER}/blocks/")
     assert f'"{SPARE}"' not in blocks, blocks
+    # its etcd users and role are gone: etcd refuses its certificates before they are revoked
+    users, roles = etcdctl("user list").split(), etcdctl("role list").split()
+    assert f"podnetd-{SPARE}" not in users and f"flannel-{SPARE}" not in users, users
+    assert f"podnet-node-{SPARE}" not in roles, roles
     # SPARE is a Slurm dynamic node (run.sh): deleted from Slurm, its slurmd stopped
     nodes = ssh("login", "sinfo -h -N -o %N").stdout.split()
     assert SPARE not in nodes, nodes

@@ -4,16 +4,15 @@
 - every podnetd node holds only its own key (`podnetd-<node>`, common name to match) and
   uses it; the admin key is only on the first etcd member (ctl); CoreDNS's key only on
   the dns nodes, readable by CoreDNS alone;
-- etcd has the users and roles (node: read-write on podnet's state and DNS records,
-  CoreDNS: read-only on /skydns/);
+- etcd has the users and roles (each node its own role: read on podnet's state, write on
+  what its node owns and on the records allocations share, and the DNS records; CoreDNS:
+  read-only on /skydns/ and, for name privacy, on /podnet/<cluster>/ips/ and users/);
 - a node's certificate works, is refused once revoked (the CRL etcd reads at every new
   connection, the file `etcd_revoked_client_certs` writes) while another node's still
   works, and works again once the revocation is withdrawn.
 
-etcd authentication itself stays off in this release (docs/roles/etcd.md "Least
-privilege": etcd's JSON gateway, which the collection's modules speak, refuses
-certificates with a common name once it is on), so the users' permissions are checked in
-tests/integration.
+etcd authentication is on (playbooks/etcd_auth.yml); what a node's certificate can and
+cannot do with it is tests/e2e/test_attack_etcd.py.
 """
 
 from __future__ import annotations
@@ -22,10 +21,13 @@ import datetime
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import CLUSTER, LAB, etcdctl, ssh  # type: ignore[import-not-found]
+from conftest import CLUSTER, LAB, REPO, etcdctl, lab_inventory, ssh  # type: ignore[import-not-found]
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 
@@ -60,7 +62,8 @@ def node_etcdctl(node: str, cert: str, args: str, check: bool = False) -> tuple[
 @pytest.mark.parametrize("node", NODES)
 def test_each_node_holds_only_its_own_podnetd_key(node: str) -> None:
     keys = sorted(ssh(node, f"cd {PKI} && ls *.key").stdout.split())
-    want = [f"podnetd-{node}.key"] + (["admin.key"] if node == "ctl" else [])
+    # ctl, the admin host: the admin certificate, and the modules' gateway login (no CN)
+    want = [f"podnetd-{node}.key"] + (["admin.key", "admin-gateway.key"] if node == "ctl" else [])
     assert keys == sorted(want), f"{node}: keys in {PKI}: {keys}"
     conf = ssh(node, "cat /etc/podnet/podnet.yaml").stdout
     assert f"etcd_cert: {PKI}/podnetd-{node}.crt" in conf
@@ -86,7 +89,7 @@ def test_etcd_users_and_roles() -> None:
     users = etcdctl("user list").split()
     for name in ("root", "admin", "coredns", *(f"podnetd-{n}" for n in NODES)):
         assert name in users, users
-    assert "podnet-node" in etcdctl("user get podnetd-c1")
+    assert "podnet-node-c1" in etcdctl("user get podnetd-c1")
     assert "podnet-dns-read" in etcdctl("user get coredns")
     assert re.search(r"Roles: root", etcdctl("user get admin"))
     dns = etcdctl("role get podnet-dns-read")
@@ -99,8 +102,41 @@ def test_etcd_users_and_roles() -> None:
         f"/podnet/{CLUSTER}/users/",
     }, dns
     assert sep and write.strip() == "", dns
-    node = etcdctl("role get podnet-node")
-    assert f"(prefix /podnet/{CLUSTER}/)" in node.split("KV Write:")[1], node
+    node = etcdctl("role get podnet-node-c1")
+    read, write = node.split("KV Write:")
+    assert f"(prefix /podnet/{CLUSTER}/)" in read, node
+    assert f"(prefix /podnet/{CLUSTER}/logins/c1/)" in write, node
+    assert f"(prefix /podnet/{CLUSTER}/)" not in write and "/logins/c2/" not in write, node
+    assert "podnet-node" not in etcdctl("role list").split(), "the old shared role is gone"
+
+
+@pytest.mark.parametrize("pki", [PKI, "/etc/etcd/pki"])
+def test_the_modules_log_in_through_the_gateway_with_authentication_on(pki: str) -> None:
+    """The collection's modules, as the roles run them once authentication is on (a later
+    site.yml, podnet.yml, remove_node.yml): a certificate without a common name and the
+    gateway user's password from its file, the admin host's copy and the member's own."""
+    args = " ".join(
+        [
+            "key=/podnet/" + CLUSTER + "/config",
+            "endpoints=https://127.0.0.1:2379",
+            f"ca_cert={pki}/ca.crt",
+            f"client_cert={pki}/admin-gateway.crt",
+            f"client_key={pki}/admin-gateway.key",
+            "login_user=admin-gateway",
+            f"login_password_file={pki}/admin-gateway.password",
+        ]
+    )
+    ansible = shutil.which("ansible") or str(Path(sys.executable).with_name("ansible"))
+    cmd = [ansible, "-i", str(lab_inventory()), "ctl", "-b", "-m", "hpc.podnet.etcd_key_info"]
+    r = subprocess.run(
+        [*cmd, "-a", args],
+        env={**os.environ, "ANSIBLE_CONFIG": str(REPO / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert r.returncode == 0 and "pod_cidr" in r.stdout, f"{r.stdout[-3000:]}\n{r.stderr[-2000:]}"
 
 
 def test_node_certificate_refused_once_revoked_then_restored() -> None:

@@ -221,6 +221,21 @@ def test_gateway_needs_a_login_once_auth_is_on(etcd_cluster: Any, run_module: An
     assert res.get("failed") is True and "login" in res["msg"]
 
 
+def test_gateway_login_with_a_password_file(
+    etcd_cluster: Any, run_module: Any, tmp_path: Any
+) -> None:
+    """What the roles pass (the etcd role keeps the password in a 0600 file)."""
+    key = f"/podnet/{CLUSTER}/config"
+    pw = tmp_path / "admin-gateway.password"
+    pw.write_text(ROOT_PW + "\n")
+    args = {k: v for k, v in login(etcd_cluster, key=key).items() if k != "login_password"}
+    got = run_module("etcd_key_info", {**args, "login_password_file": str(pw)})
+    assert got["json"] == {"a": 1}, got
+    pw.write_text("wrong\n")
+    res = run_module("etcd_key_info", {**args, "login_password_file": str(pw)})
+    assert res.get("failed") is True and "login" in res["msg"], res
+
+
 def test_deleted_user_is_refused_and_restored(etcd_cluster: Any, run_module: Any) -> None:
     key = f"/podnet/{CLUSTER}/nodes/n2"
     assert etcdctl(etcd_cluster, "podnetd-n2", "put", key, "{}").returncode == 0

@@ -149,6 +149,10 @@ class Keys:
         """A user's quota slot of a kind (state/quota.py); None: the prefix of them all."""
         return f"{self.root}quota/{user}/{kind}/" + ("" if slot is None else str(slot))
 
+    def job_lock(self, job_id: int) -> str:
+        """Taken by the node that allocates a job when its first node is late."""
+        return f"{self.root}joblocks/{job_id}"
+
     def job_node(self, job_id: int, node: str) -> str:
         return f"{self.root}jobnodes/{job_id}/{node}"
 

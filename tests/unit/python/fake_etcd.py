@@ -33,7 +33,8 @@ class FakeEtcd:
             return [self.data[key]] if key in self.data else []
         return [self.data[k] for k in sorted(self.data) if key <= k < end]
 
-    def get(self, key: str) -> KV | None:
+    def get(self, key: str, serializable: bool = False) -> KV | None:
+        del serializable
         with self.lock:
             self.reads += 1
             return self.data.get(key)
@@ -48,6 +49,8 @@ class FakeEtcd:
     # -- writes --------------------------------------------------------------------------
     def _compare(self, c: Any) -> bool:
         kv = self.data.get(c.key.decode())
+        if c.target == 0 and c.result == 1:  # VERSION GREATER (0: the key exists)
+            return kv is not None
         assert c.result == 0, c  # EQUAL
         if c.target == 1:  # CREATE
             return (kv.create_revision if kv else 0) == c.create_revision
@@ -99,7 +102,9 @@ class FakeEtcd:
             return TxnResult(ok, self.rev, responses)
 
     def put_many(self, ops: Iterable[Any]) -> None:
-        self.txn([], list(ops))
+        todo = list(ops)
+        for i in range(0, len(todo), self.max_txn_ops):
+            self.txn([], todo[i : i + self.max_txn_ops])
 
     def put(self, key: str, value: Any, lease: int = 0) -> int:
         return self.txn([], [op_put(key, value, lease)]).revision

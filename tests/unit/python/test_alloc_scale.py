@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The large-job path of the allocator: the first node allocates with one transaction and
-no read, the others wait for its record with one read and a watch (`Etcd.get_or_wait`),
-and fall back to allocating themselves (`make unit`). The last test runs
-`Etcd.get_or_wait` against a real etcd when one is installed."""
+"""How a job is allocated: its first node sends one transaction with everything (addresses,
+record, name, every pod's DNS records and marker) and no read; the other nodes take the
+record from their watch and send nothing; a late first node is taken over by the next
+nodes through the job's lock; a job too large for one transaction is split (`make unit`).
+The last test runs `Etcd.get_or_wait` against a real etcd when one is installed."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import pytest
 from fake_etcd import FakeEtcd
 from podnet.names import Keys
 from podnet.state import alloc
-from podnet.state.alloc import Allocator
+from podnet.state.alloc import Allocator, Job, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.store import KV, Etcd
 
@@ -47,20 +48,39 @@ class WatchingEtcd(FakeEtcd):
             time.sleep(0.001)
 
 
-def _allocator(etcd: Any) -> Allocator:
+def _allocator(etcd: Any, jobs: JobRecords | None = None) -> Allocator:
     return Allocator(
-        etcd, Keys("u"), Ipam(ipaddress.IPv4Network("198.18.0.0/20"), 26), "u", 4096, 8191
+        etcd,
+        Keys("u"),
+        Ipam(ipaddress.IPv4Network("198.18.0.0/20"), 26),
+        "u",
+        4096,
+        8191,
+        jobs=jobs,
     )
 
 
-def test_first_node_sends_one_transaction_and_no_read() -> None:
+def _fed(etcd: FakeEtcd, views: list[JobRecords], job_id: int) -> None:
+    """What each node's watch of jobs/ does once the job record is written."""
+    kv = etcd.data[f"/podnet/u/jobs/{job_id}"]
+    for v in views:
+        v.put(Job.from_json(kv.json(), kv.mod_revision))
+
+
+def test_first_node_sends_two_transactions_with_every_pods_records() -> None:
     etcd = WatchingEtcd()
     first = _allocator(etcd)
     vni = first.user_vni("alice", 2001)
     reads, txns = etcd.reads, etcd.txns
     job = first.allocate_job(7, "alice", 2001, "big", NODES, vni, 0)
-    assert (etcd.reads, etcd.txns) == (reads, txns + 1)
+    # the allocation, then the records under the job name (after its old ones went)
+    assert (etcd.reads, etcd.txns) == (reads, txns + 2)
     assert len(set(job.ips)) == len(NODES)
+    # every pod's DNS records and its node's marker came with the allocation
+    for i, node in enumerate(NODES):
+        assert etcd.data[f"/skydns/u/alice/big/pod{i}"].json()["host"] == job.ips[i]
+        assert etcd.data[f"/skydns/u/alice/7/pod{i}"].json()["host"] == job.ips[i]
+        assert f"/podnet/u/jobnodes/7/{node}" in etcd.data
     # asked again (podnetd restarted, Slurm retried): the transaction's failure branch
     # returns the job, with the same addresses and no new one taken
     again = _allocator(etcd)
@@ -69,9 +89,12 @@ def test_first_node_sends_one_transaction_and_no_read() -> None:
     assert len(etcd.get_prefix("/podnet/u/ips/")[0]) == len(NODES)
 
 
-def test_other_nodes_wait_with_one_watch_and_send_no_transaction() -> None:
+def test_other_nodes_take_the_record_from_their_watch_and_send_nothing() -> None:
     etcd = WatchingEtcd()
-    first, others = _allocator(etcd), [_allocator(etcd) for _ in range(5)]
+    views = [JobRecords() for _ in range(5)]
+    for v in views:
+        v.reset([])
+    first, others = _allocator(etcd), [_allocator(etcd, v) for v in views]
     vni = first.user_vni("alice", 2001)
     got: dict[int, Any] = {}
 
@@ -84,36 +107,57 @@ def test_other_nodes_wait_with_one_watch_and_send_no_transaction() -> None:
     time.sleep(0.05)  # they are all waiting before the first node comes
     reads, txns = etcd.reads, etcd.txns
     job = first.allocate_job(9, "alice", 2001, "big", NODES, vni, 0)
+    _fed(etcd, views, 9)
     for t in threads:
         t.join(10)
-    assert etcd.txns == txns + 1, "a waiting node sent a transaction"
-    assert etcd.reads == reads and etcd.waits == 5
+    assert etcd.txns == txns + 2, "a waiting node sent a transaction"
+    assert etcd.reads == reads and etcd.waits == 0, "a waiting node read etcd"
     assert all(g.ips == job.ips for g in got.values()) and len(got) == 5
 
 
-def test_a_waiting_node_allocates_itself_when_the_first_never_comes(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_the_second_node_takes_over_a_late_first_node(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alloc, "first_node_grace", lambda n: 0.05)
     etcd = WatchingEtcd()
-    a, b = _allocator(etcd), _allocator(etcd)
-    vni = a.user_vni("alice", 2001)
-    monkeypatch.setattr(alloc, "LEADER_WAIT", 0.05)
+    first, second = _allocator(etcd), _allocator(etcd)
+    vni = first.user_vni("alice", 2001)
+    txns = etcd.txns
     t0 = time.monotonic()
-    job = a.allocate_job(11, "alice", 2001, "big", NODES, vni, 3)
+    job = second.allocate_job(11, "alice", 2001, "big", NODES, vni, 1)
     assert time.monotonic() - t0 >= 0.05
-    assert len(set(job.ips)) == len(NODES) and etcd.get("/podnet/u/jobs/11") is not None
-    # a late first node gets that job back, not a second allocation
-    b.load_view()
-    assert b.allocate_job(11, "alice", 2001, "big", NODES, vni, 0).ips == job.ips
+    # one small transaction for the job's lock, two for the job
+    assert etcd.txns == txns + 3 and len(set(job.ips)) == len(NODES)
+    assert etcd.get("/podnet/u/joblocks/11") is None, "the lock outlived the allocation"
+    assert etcd.data["/skydns/u/alice/11/pod0"].json()["host"] == job.ips[0]
+    # the late first node gets that job back, not a second allocation
+    first.load_view()
+    assert first.allocate_job(11, "alice", 2001, "big", NODES, vni, 0).ips == job.ips
     assert len(etcd.get_prefix("/podnet/u/ips/")[0]) == len(NODES)
 
 
-def test_small_jobs_never_wait() -> None:
+def test_a_lock_whose_holder_died_is_taken_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(alloc, "first_node_grace", lambda n: 0.02)
+    monkeypatch.setattr(alloc, "LEADER_WAIT", 0.05)
     etcd = WatchingEtcd()
     a = _allocator(etcd)
     vni = a.user_vni("alice", 2001)
-    job = a.allocate_job(12, "alice", 2001, "small", NODES[:4], vni, 2)
-    assert etcd.waits == 0 and len(job.ips) == 4
+    etcd.put("/podnet/u/joblocks/12", {"node": NODES[1], "at": 0})  # then it died
+    # the first node finds the job taken over: it waits, then takes the lock itself
+    job = a.allocate_job(12, "alice", 2001, "big", NODES, vni, 0)
+    assert len(set(job.ips)) == len(NODES) and etcd.get("/podnet/u/joblocks/12") is None
+    assert etcd.get("/podnet/u/jobs/12") is not None
+
+
+def test_a_job_too_large_for_one_transaction_is_split() -> None:
+    etcd = WatchingEtcd()
+    etcd.max_txn_ops = 60  # 40 addresses + record + name fit; the 160 records do not
+    a = _allocator(etcd)
+    vni = a.user_vni("alice", 2001)
+    txns = etcd.txns
+    job = a.allocate_job(13, "alice", 2001, "big", NODES, vni, 0)
+    # the guarded allocation, 120 records by 60, then the 40 under the job name
+    assert etcd.txns == txns + 1 + 2 + 1
+    assert all(f"/skydns/u/alice/13/pod{i}" in etcd.data for i in range(len(NODES)))
+    assert len(set(job.ips)) == len(NODES)
 
 
 # -- Etcd.get_or_wait against a real etcd (skipped when none is installed) -----------------

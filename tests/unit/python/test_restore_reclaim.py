@@ -140,6 +140,24 @@ def test_reclaim_takes_the_job_name_back_unless_a_newer_job_owns_it() -> None:
     assert _val(etcd, "/skydns/lab/bob/7/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
 
 
+def test_reclaim_after_only_the_job_record_was_deleted_keeps_the_rest() -> None:
+    """Another writer (a node's certificate: jobs/ is shared) deleted the job record and
+    nothing else: the job's own address records and its name are not "taken", and the
+    other node's records under the job name stay (tests/e2e/test_attack_etcd.py)."""
+    etcd = FakeEtcd()
+    a = _alloc(etcd)
+    job = a.reclaim_job(_job(), _running(7))
+    a.publish_pod(job, 0, "c1")
+    _alloc(etcd).publish_pod(job, 1, "c2")
+    assert _val(etcd, "/skydns/lab/bob/late/pod1")["host"] == "198.18.0.66"  # type: ignore[index]
+    etcd.delete(R + "jobs/7")
+    before = {k: kv.value for k, kv in etcd.data.items() if k != R + "jobs/7"}
+    got = _alloc(etcd).reclaim_job(_job(), _running(7))
+    assert got.ips == job.ips and _val(etcd, R + "jobs/7")["ips"] == job.ips  # type: ignore[index]
+    after = {k: kv.value for k, kv in etcd.data.items() if k != R + "jobs/7"}
+    assert after == before  # addresses, name, every pod's DNS records: as they were
+
+
 # -- the node's own copy ----------------------------------------------------------------
 
 

@@ -21,11 +21,12 @@ from podnet.kernel import firewall
 from podnet.names import Keys
 from podnet.node.agent import Agent
 from podnet.node.etcd_sync import EtcdSync
+from podnet.node.guard import RecordGuard
 from podnet.node.pods import Pod, PodTable, job_search
 from podnet.node.reconcile import parse_job_ids
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
-from podnet.state.alloc import Allocator, Job
+from podnet.state.alloc import Allocator, Job, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
 
@@ -82,6 +83,7 @@ def test_first_pod_builds_the_users_network_once_and_registers_the_vtep() -> Non
     vni, bridge = nets.ensure("alice", 2001)
     assert nets.ensure("alice", 2001) == (vni, bridge)
     assert dp.bridges == {vni: ["203.0.113.11"]}
+    nets._bg.submit(lambda: None).result()  # the legacy VTEP key is written in the background
     assert etcd.get(f"/podnet/u/vteps/{vni}/n1") is not None
     assert nets.vni("alice", 2001) == vni
     assert nets.ensure("bob", 2002)[0] != vni
@@ -156,75 +158,179 @@ def test_sessions_file_that_is_garbage_is_ignored(tmp_path: Path) -> None:
 # -- the sync queue ------------------------------------------------------------------------
 
 
+class _KV:
+    def __init__(self, d: Any, key: str = "", rev: int = 1) -> None:
+        self.value = d if isinstance(d, str) else json.dumps(d)
+        self.key = key
+        self.mod_revision = rev
+
+    def json(self) -> Any:
+        return json.loads(self.value)
+
+
+def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> _KV:
+    rec = {"job_id": job_id, "user": "alice", "uid": 2001, "name": "j", "label": "j"}
+    key = f"/podnet/u/jobs/{job_id}"
+    return _KV({**rec, "nodes": nodes, "ips": ips, "vni": vni}, key)
+
+
 def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     alloc = nets.alloc
+    alloc.jobs = JobRecords()
     sync = EtcdSync(etcd, Keys("u"), "n1", alloc, dp, None, pods, nets)  # type: ignore[arg-type]
-
-    class KV:
-        def __init__(self, d: dict[str, Any]) -> None:
-            self.d = d
-
-        def json(self) -> dict[str, Any]:
-            return self.d
-
-    sync.on_event("put", "/podnet/u/ips/198.18.0.5", None)
+    sync.on_event("put", "/podnet/u/ips/198.18.0.5", None)  # not followed any more
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
-    sync.on_event("put", "/podnet/u/blocks/198.18.0.0-26", KV({"node": "n1"}))
+    sync.on_event("put", "/podnet/u/blocks/198.18.0.0-26", _KV({"node": "n1"}))
     assert sync.take() == {"routes"}
-    assert alloc.ipam.candidate("n1") not in (None, "198.18.0.5")
-    sync.on_event("put", "/podnet/u/vteps/5000/n2", KV({"ip": "203.0.113.12"}))
-    sync.on_event("put", "/podnet/u/vteps/5001/n1", KV({"ip": "203.0.113.11"}))  # itself
+    # a job of n1 and n2: its addresses are used, n2 is a VTEP of the VNI, the record
+    # is in the job records (where the allocator takes it from)
+    sync.on_event(
+        "put", "/podnet/u/jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000)
+    )
+    assert alloc.ipam.candidate("n1") not in (None, "198.18.0.1")
+    assert alloc.jobs.get(3) is not None and alloc.jobs.get(3).ips[1] == "198.18.0.66"
+    sync.on_event("put", "/podnet/u/vteps/5001/n2", _KV({"ip": "192.0.2.66"}))  # ignored
     sync.on_event("delete", "/podnet/u/nodes/n3", None)
     assert sync.take() == {5000, "nodes"}
+    sync.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
+    assert sync.vteps_of(5000) == ["203.0.113.11", "203.0.113.12"]
+    assert sync.vteps_of(5001) == ["203.0.113.11"], "a VTEP key named an address"
     dp.bridges = {5000: []}
-    etcd.data.clear()
-    nets.register_vteps([5000])
     sync.apply({5000})
-    assert dp.bridges[5000] == ["203.0.113.11"]
+    assert dp.bridges[5000] == ["203.0.113.11", "203.0.113.12"]
+    # the job ends: its addresses are free again, n2 no longer floods
+    sync.on_event("delete", "/podnet/u/jobs/3", None)
+    assert sync.take() == {5000} and alloc.jobs.get(3) is None
+    assert sync.vteps_of(5000) == ["203.0.113.11"]
+    assert "198.18.0.1" not in alloc.ipam.used
 
 
 def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
+    nets.alloc.jobs = JobRecords()
     sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
     sync.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
-
-    class KV:
-        def __init__(self, v: str) -> None:
-            self.value = v
-
-        def json(self) -> Any:
-            return json.loads(self.value)
-
-    def put(ip: str, value: str) -> None:
-        sync.on_event("put", f"/podnet/u/ips/{ip}", KV(value))
-
-    put("198.18.0.2", '{"job_id":1,"node":"n1","vni":5000}')  # this node's own pod
-    assert sync.take() == set()
-    put("198.18.0.66", '{"job_id":1,"node":"n2","vni":5000}')
-    put("198.18.0.67", '{"kind":"login","node":"n2","user":"alice","vni":5000}')
-    put("198.18.0.68", '{"job_id":2,"node":"n3","vni":5000}')  # n3: no node record
-    put("198.18.0.69", '{"job_id":3,"node":"n2","vni":5001}')  # another user
-    put("198.18.0.70", '{"job_id":4,"node":"n2"}')  # an older podnetd's record: floods
-    put("198.18.0.71", "not json")
+    sync.on_event("put", "/podnet/u/users/alice", _KV({"vni": 5000, "uid": 2001}))
+    sync.on_event("put", "/podnet/u/jobs/1", _job(1, ["n1"], ["198.18.0.2"], 5000))
+    assert sync.take() == set()  # this node's own pod
+    sync.on_event(
+        "put", "/podnet/u/jobs/2", _job(2, ["n2", "n3"], ["198.18.0.66", "198.18.0.68"], 5000)
+    )
+    # a login pod (its record names no VNI: the user's) and a container of n2
+    sync.on_event("put", "/podnet/u/logins/n2/alice", _KV({"ip": "198.18.0.67", "uid": 2001}))
+    sync.on_event(
+        "put",
+        "/podnet/u/containers/n2/pn-c0",
+        _KV({"ip": "198.18.0.69", "user": "bob", "vni": 5001}),
+    )
+    sync.on_event("put", "/podnet/u/logins/n2/carol", _KV("not json"))
     assert sync.take() == {5000, 5001}
     assert sync.remote_macs(5000) == {
         "0a:58:c6:12:00:42": "203.0.113.12",
         "0a:58:c6:12:00:43": "203.0.113.12",
-    }
+    }  # n3 has no node record: no entry
     dp.bridges = {5000: []}
     sync.apply({5000})
     assert dp.macs[5000] == sync.remote_macs(5000)
-    sync.on_event("delete", "/podnet/u/ips/198.18.0.66", None)
+    sync.on_event("delete", "/podnet/u/logins/n2/alice", None)
     assert sync.take() == {5000}
-    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
-    # a resync rebuilds the same view from the records
+    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:42"]
+    # a resync rebuilds the same view from the records, in one transaction
     etcd.data.clear()
-    etcd.put("/podnet/u/ips/198.18.0.67", {"node": "n2", "vni": 5000})
+    etcd.put("/podnet/u/users/alice", {"vni": 5000, "uid": 2001})
+    etcd.put("/podnet/u/logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001})
+    for n, ip in sync.node_ips.items():  # the same nodes: no firewall resync (no firewall here)
+        etcd.put(f"/podnet/u/nodes/{n}", {"ip": ip})
+    txns = etcd.txns
     sync.resync()
+    assert etcd.txns == txns + 1
     assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
     assert sync.remote_macs(5001) == {}
+    assert sync.user_vnis == {"alice": 5000}
+
+
+# -- records another writer changed --------------------------------------------------------
+
+
+def _etcd_kv(etcd: FakeEtcd, key: str) -> Any:
+    return etcd.data.get(key)
+
+
+def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> None:
+    nets, etcd, dp, pods = _nets(linger=0)
+    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
+    key = "/podnet/u/users/bob"
+    etcd.put(key, {"vni": 5002, "uid": 2002})
+    sync.on_event("put", key, _etcd_kv(etcd, key))  # first seen: bob's
+    assert sync.take() == set() and sync.user_vnis == {"bob": 5002}
+    etcd.put(key, {"vni": 5000, "uid": 2002})  # alice's VNI
+    sync.on_event("put", key, _etcd_kv(etcd, key))
+    assert sync.take() == {"restore"} and sync.user_vnis == {"bob": 5002}
+    assert sync.restore() == 1
+    assert etcd.data[key].json() == {"vni": 5002, "uid": 2002}
+    sync.on_event("put", key, _etcd_kv(etcd, key))  # the write back's own event: no loop
+    assert sync.take() == set()
+    etcd.delete(key)
+    sync.on_event("delete", key, None)
+    assert sync.take() == {"restore"} and sync.restore() == 1
+    assert etcd.data[key].json()["vni"] == 5002
+    # a VNI's reverse record too
+    vkey = "/podnet/u/vnis/5002"
+    etcd.put(vkey, {"user": "bob"})
+    sync.on_event("put", vkey, _etcd_kv(etcd, vkey))
+    etcd.delete(vkey)
+    sync.on_event("delete", vkey, None)
+    assert sync.take() == {"restore"} and sync.restore() == 1
+    assert etcd.data[vkey].json() == {"user": "bob"}
+
+
+def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
+    nets, etcd, dp, pods = _nets(linger=0)
+    nets.alloc.jobs = JobRecords()
+    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
+    job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0)
+    key = "/podnet/u/jobs/7"
+    sync.own_job = lambda j: job if j == 7 else None
+    sync.on_event("put", key, _etcd_kv(etcd, key))
+    assert "restore" not in sync.take()
+    forged = {**job.to_json(), "user": "mallory", "uid": 6666}
+    etcd.put(key, forged)
+    sync.on_event("put", key, _etcd_kv(etcd, key))
+    assert "restore" in sync.take() and sync.restore() == 1
+    assert etcd.data[key].json() == job.to_json()
+    assert nets.alloc.jobs.get(7) is not None and nets.alloc.jobs.get(7).user == "alice"
+    lost: list[int] = []
+    sync.on_job_lost = lost.append
+    etcd.delete(key)
+    sync.on_event("delete", key, None)
+    assert lost == [7]
+
+
+def test_the_owner_writes_back_its_pods_changed_dns_and_address_records() -> None:
+    nets, etcd, _dp, pods = _nets(linger=0)
+    alloc = nets.alloc
+    job = alloc.allocate_job(9, "alice", 2001, "sim", ["n1", "n2"], 5000, 0)
+    pods.add(Pod("job", "pn-j9", "/run/netns/pn-j9", job.ips[0], 20, "alice", 2001, 5000, 9, 0))
+    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j: (job, 0), lambda: 0)
+    assert guard.check_once() == 0
+    txns = etcd.txns
+    assert guard.check_once() == 0 and etcd.txns == txns + 1  # one read-only transaction
+    by_id, named = "/skydns/lab/alice/9/pod0", "/skydns/lab/alice/sim/pod0"
+    etcd.delete(by_id)
+    etcd.put(named, {"host": "198.18.99.99", "ttl": 30})  # a wrong address
+    etcd.put(f"/podnet/u/ips/{job.ips[0]}", {"job_id": 9, "node": "n2", "vni": 5000})
+    assert guard.check_once() == 3
+    assert etcd.data[by_id].json()["host"] == job.ips[0]
+    assert etcd.data[named].json()["host"] == job.ips[0]
+    assert etcd.data[f"/podnet/u/ips/{job.ips[0]}"].json()["node"] == "n1"
+    # the other node's pod is its own to check; a newer job took the name: its record
+    # under the name is that job's, not put back
+    etcd.put("/podnet/u/names/alice/sim", {"job_id": 10})
+    etcd.put(named, {"host": "198.18.0.200", "ttl": 30})
+    assert guard.check_once() == 0
+    assert etcd.data[named].json()["host"] == "198.18.0.200"
 
 
 # -- pods ----------------------------------------------------------------------------------

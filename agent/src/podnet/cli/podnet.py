@@ -12,9 +12,12 @@ from typing import Any
 
 from podnet.api.client import DEFAULT_SOCKET, ApiError, call
 from podnet.cli import verify
-from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
+from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.kernel import capability, nl
 from podnet.names import Keys, is_veth_name
+from podnet.node.etcd_sync import EtcdSync
+from podnet.state.alloc import Allocator
+from podnet.state.ipam import Ipam
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 
@@ -184,18 +187,24 @@ def _host_addresses() -> dict[str, Any]:
 
 
 def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
-    """FDB of each local user VXLAN versus the user's VTEPs in etcd."""
+    """FDB of each local user VXLAN versus the user's VTEPs in etcd (the nodes of the user's
+    pods, at their registered addresses: what podnetd's sync loop computes)."""
     out = []
     keys = Keys(cfg.cluster)
     try:
         etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+        cc = ClusterConfig.from_dict(etcd.get_json(keys.config) or {}, strict=False)
+        alloc = Allocator(
+            etcd, keys, Ipam(cc.pod_cidr, cc.block_prefix), cc.zone, cc.vni_min, cc.vni_max
+        )
+        view = EtcdSync(etcd, keys, cfg.node, alloc, None, None, None, None)  # type: ignore[arg-type]
+        view.resync()
         with nl.Netlink() as sock:
             for name, info in nl.links(sock).items():
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):
                     continue
                 vni = int(info["vni"])
-                kvs = etcd.get_prefix(keys.prefix(f"vteps/{vni}"))[0]
-                want = {str(kv.json()["ip"]) for kv in kvs} - {cfg.underlay_ip}
+                want = set(view.vteps_of(vni)) - {cfg.underlay_ip}
                 have = nl.fdb_dsts(sock, int(info["index"]))
                 ok = want == have
                 detail = (
@@ -204,7 +213,7 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
                     else f"missing {sorted(want - have)}, extra {sorted(have - want)}"
                 )
                 out.append(_check(f"fdb:{name}", ok, detail))
-    except (EtcdUnavailable, EtcdRequestError, OSError) as e:
+    except (EtcdUnavailable, EtcdRequestError, OSError, ConfigError) as e:
         out.append(_check("fdb", False, str(e)))
     return out
 

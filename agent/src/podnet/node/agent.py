@@ -41,13 +41,14 @@ from podnet.kernel.pidns import PidNamespaces, PidnsError
 from podnet.names import Keys, job_netns, login_netns
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
+from podnet.node.guard import RecordGuard
 from podnet.node.pods import Pod, PodTable, PodWiring, job_search
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
-from podnet.state.alloc import Allocator, AllocError
+from podnet.state.alloc import Allocator, AllocError, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
@@ -141,6 +142,7 @@ class Agent:
             ("gc", lambda: rooms.reconcile.run_gc(self.stop, self.job_down)),
             ("linger", lambda: rooms.nets.run(self.stop)),
             ("containers", lambda: rooms.containers.run(self.stop)),
+            ("guard", lambda: rooms.guard.run(self.stop)),
         ]
         for name, target in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
@@ -215,20 +217,12 @@ class Agent:
                     raise PodnetError("EINVAL", str(e)) from None
                 raise
             pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
-            # the pod's records and marker travel to etcd while this thread wires the pod
-            publishing = self.pool.submit(r.alloc.publish_pod, job, node_index, self.cfg.node)
+            # the job's allocation wrote this pod's DNS records and marker already
             try:
                 r.wiring.build(pod, job_search(job, r.cc.zone), ns)
             except BaseException:
-                wait([publishing])
-                if publishing.exception() is None:
-                    with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-                        r.alloc.unpublish_pod(job, node_index, self.cfg.node)
-                raise
-            try:
-                publishing.result()
-            except BaseException:
-                r.wiring.unbuild(pod)
+                with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+                    r.alloc.unpublish_pod(job, node_index, self.cfg.node)
                 raise
             try:  # what a restore to an older etcd snapshot needs to keep the pod
                 r.reconcile.local.save(job, node_index)
@@ -456,6 +450,7 @@ class _Rooms:
         lease: NodeLease,
         reconcile: Reconciler,
         containers: Containers,
+        guard: RecordGuard,
     ) -> None:
         self.cc = cc
         self.alloc = alloc
@@ -467,12 +462,19 @@ class _Rooms:
         self.lease = lease
         self.reconcile = reconcile
         self.containers = containers
+        self.guard = guard
 
     @classmethod
     def build(cls, agent: Agent, cc: ClusterConfig) -> _Rooms:
         cfg, etcd, keys = agent.cfg, agent.etcd, agent.keys
         alloc = Allocator(
-            etcd, keys, Ipam(cc.pod_cidr, cc.block_prefix), cc.zone, cc.vni_min, cc.vni_max
+            etcd,
+            keys,
+            Ipam(cc.pod_cidr, cc.block_prefix),
+            cc.zone,
+            cc.vni_min,
+            cc.vni_max,
+            jobs=JobRecords(),
         )
         dp = Dataplane(
             cfg.netns_dir,
@@ -502,6 +504,8 @@ class _Rooms:
         )
         sync = EtcdSync(etcd, keys, cfg.node, alloc, dp, fw, agent.pods, nets)
         nets.on_network = sync.queue
+        nets.vteps_of = sync.vteps_of
+        nets.known_vnis = sync.user_vnis
         if cc.egress_gateway and not gateway_node:
             sync.on_idle = lambda: ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)
         lease = NodeLease(
@@ -535,4 +539,9 @@ class _Rooms:
         )
         containers.collector.grace = cfg.container_grace
         reconcile.adopt_container = containers.adopt
-        return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers)
+        sync.own_job = reconcile.own_job
+        sync.on_job_lost = lambda job_id: reconcile.reclaim_soon(agent.job_down)
+        guard = RecordGuard(
+            etcd, keys, cfg.node, alloc, agent.pods, reconcile.local.load, lambda: lease.id
+        )
+        return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers, guard)

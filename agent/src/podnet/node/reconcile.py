@@ -29,7 +29,7 @@ from pathlib import Path
 from podnet.config import ClusterConfig, NodeConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane
-from podnet.names import Keys
+from podnet.names import Keys, job_netns
 from podnet.names import is_container_netns as is_container_ns
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.localjobs import LocalJobs
@@ -83,6 +83,8 @@ class Reconciler:
         #: the running jobs, asked once per start (None: Slurm did not answer)
         self._running_at_start: set[int] | None = None
         self._running_asked = False
+        #: one collection or write back at a time (the GC loop, reclaim_soon)
+        self._gc_lock = threading.Lock()
 
     # -- at start ----------------------------------------------------------------------
     def reconcile(self) -> None:
@@ -216,9 +218,10 @@ class Reconciler:
             done.append(job.job_id)
         return done
 
-    def find_lost(self, recorded: set[int]) -> list[int]:
-        """Job pods here (older than GC_MIN_POD_AGE) whose job record is not among
-        `recorded` (etcd lost it while podnetd ran): kept for `reclaim_lost`."""
+    def find_lost(self, recorded: set[int], min_age: float = GC_MIN_POD_AGE) -> list[int]:
+        """Job pods here (older than `min_age`) whose job record is not among `recorded`
+        (etcd lost it while podnetd ran, or another writer deleted it): kept for
+        `reclaim_lost`."""
         now = time.time()
         out = []
         for p in self.pods.all():
@@ -227,7 +230,7 @@ class Reconciler:
                 or p.job_id is None
                 or p.job_id in recorded
                 or p.name in self.unclaimed
-                or now - p.created <= GC_MIN_POD_AGE
+                or now - p.created <= min_age
             ):
                 continue
             mine = self.local.load(p.job_id)
@@ -288,8 +291,37 @@ class Reconciler:
         """Job ids Slurm runs (None when it cannot answer)."""
         return _job_ids(self.cfg.running_job_source)
 
+    def own_job(self, job_id: int) -> Job | None:
+        """This node's copy of the record of a job whose pod runs here (None: none)."""
+        if self.pods.get(job_netns(job_id)) is None:
+            return None
+        mine = self.local.load(job_id)
+        return mine[0] if mine is not None else None
+
+    def reclaim_soon(self, job_down: Callable[[int], object]) -> None:
+        """A job with a pod here lost its record (another writer deleted it): write it
+        back now (if Slurm runs the job), not at the next GC."""
+
+        def run() -> None:
+            time.sleep(GC_MIN_POD_AGE / 5)  # the view has the delete by then
+            try:
+                with self._gc_lock:
+                    view = self.alloc.jobs
+                    if view is None or not view.live:
+                        return
+                    self.find_lost({j.job_id for j in view.all()}, min_age=0.0)
+                    self.reclaim_lost(job_down)
+            except Exception:
+                log.exception("writing a job's records back failed (the GC tries again)")
+
+        threading.Thread(target=run, name="reclaim", daemon=True).start()
+
     def gc_once(self, job_down: Callable[[int], object]) -> list[int]:
         """Remove job pods whose job Slurm no longer knows; returns their ids."""
+        with self._gc_lock:
+            return self._gc_once(job_down)
+
+    def _gc_once(self, job_down: Callable[[int], object]) -> list[int]:
         jobs = [(p.job_id, p.created) for p in self.pods.all() if p.kind == "job"]
         live = self.live_jobs()
         if live is None:
@@ -311,10 +343,14 @@ class Reconciler:
     def gc_records(self, live: set[int]) -> set[int]:
         """Release etcd records of jobs Slurm no longer knows (nodes that died); returns
         the jobs whose records stay."""
-        kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
+        view = self.alloc.jobs
+        if view is not None and view.live:  # what the watch of jobs/ delivered: no read
+            jobs = view.all()
+        else:
+            kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
+            jobs = [Job.from_json(kv.json(), kv.mod_revision) for kv in kvs]
         kept = set()
-        for kv in kvs:
-            job = Job.from_json(kv.json(), kv.mod_revision)
+        for job in jobs:
             if job.job_id not in live and time.time() - job.created > GC_MIN_RECORD_AGE:
                 self.alloc.release_job(job)
             else:

@@ -1,7 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Per-user networks on this node: the user's VNI, bridge and VXLAN device, and this node's
-VTEP registration in etcd, from the user's first pod here until `user_net_linger` seconds
-after their last one.
+"""Per-user networks on this node: the user's VNI, bridge and VXLAN device, from the user's
+first pod here until `user_net_linger` seconds after their last one. Which nodes are the
+VTEPs of a user's network comes from the pod records (`etcd_sync.EtcdSync.vteps_of`):
+nothing is registered for it. For podnetd of earlier versions during a rolling upgrade,
+which still read `vteps/<vni>/<node>`, this node writes its own there too, in the
+background, until etcd refuses it (authentication on: nodes may not write there).
 
 Everything about one user's network and pods on this node happens under that user's lock
 (`lock(uid)`): the first pod of a user builds the network once, the last one schedules
@@ -15,12 +18,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
 from podnet.node.pods import PodTable
 from podnet.state.alloc import Allocator
-from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, op_get, op_put
+from podnet.state.store import Etcd, EtcdPermissionDenied, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.usernets")
 
@@ -47,12 +51,19 @@ class UserNetworks:
         self.linger = linger
         self._locks: dict[int, threading.Lock] = {}
         self._vnis: dict[str, int] = {}  # a user's VNI never changes
-        self._registered: set[int] = set()
+        self._registered: set[int] = set()  # VNIs with a legacy VTEP key of this node
         self._idle: dict[int, tuple[float, int]] = {}  # vni -> (last pod gone, uid)
         self._mutex = threading.Lock()  # the four tables above
         #: called with the VNI when its network was made here (the sync loop then adds
         #: the unicast FDB entries of the user's pods on other nodes)
         self.on_network: Callable[[int], None] = lambda vni: None
+        #: the VTEPs of a VNI (EtcdSync.vteps_of: from the pod records it follows)
+        self.vteps_of: Callable[[int], list[str]] = lambda vni: [underlay_ip]
+        #: users' VNIs this node's watch knows (EtcdSync.user_vnis)
+        self.known_vnis: dict[str, int] = {}
+        #: legacy VTEP keys (`vteps/<vni>/<node>`) while etcd takes them
+        self._legacy = True
+        self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtep-legacy")
 
     def lock(self, uid: int) -> threading.Lock:
         """The user's lock: held while their network or pods on this node change."""
@@ -63,49 +74,45 @@ class UserNetworks:
         with self._mutex:
             vni = self._vnis.get(user)
         if vni is None:
+            vni = self.known_vnis.get(user)
+        if vni is None:
             vni = self.alloc.user_vni(user, uid)
             with self._mutex:
                 self._vnis[user] = vni
         return vni
 
-    def vteps_of(self, vni: int) -> list[str]:
-        """Underlay addresses of the nodes with a pod of this VNI (this one included)."""
-        kvs = self.etcd.get_prefix(self.keys.prefix(f"vteps/{vni}"))[0]
-        return sorted({str(kv.json()["ip"]) for kv in kvs})
-
     def ensure(self, user: str, uid: int) -> tuple[int, int]:
-        """(vni, bridge index): the user's VNI, bridge, VXLAN and VTEP registration.
-        Called with the user's lock held."""
+        """(vni, bridge index): the user's VNI, bridge and VXLAN. Called with the user's
+        lock held."""
         vni = self.vni(user, uid)
         with self._mutex:
             self._idle.pop(vni, None)
-            registered = vni in self._registered
-        vteps = None if registered else self._register_and_read(vni)
         bri = self.dp.user_bridge(vni)
         if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
-            bri = self.dp.ensure_user(vni, self.vteps_of(vni) if vteps is None else vteps)
+            bri = self.dp.ensure_user(vni, self.vteps_of(vni))
             self.on_network(vni)
+        self.register_vteps([vni])
         return vni, bri
 
-    def _register_and_read(self, vni: int) -> list[str]:
-        """This node as a VTEP of `vni` and the VNI's VTEPs, in one round trip."""
-        r = self.etcd.txn(
-            [],
-            [
-                op_put(self.keys.vtep(vni, self.node), {"ip": self.underlay_ip}),
-                op_get(self.keys.prefix(f"vteps/{vni}"), prefix=True),
-            ],
-        )
-        with self._mutex:
-            self._registered.add(vni)
-        return sorted({str(kv.json()["ip"]) for kv in r.range_kvs(1)})
-
     def register_vteps(self, vnis: Iterable[int]) -> None:
-        """This node as a VTEP of each VNI (again after a lease loss or a restart)."""
-        for vni in vnis:
+        """This node's legacy VTEP keys (read by podnetd of earlier versions), in the
+        background, while etcd takes them."""
+        with self._mutex:
+            todo = [v for v in vnis if v not in self._registered] if self._legacy else []
+            self._registered.update(todo)
+        for vni in todo:
+            self._bg.submit(self._legacy_put, vni)
+
+    def _legacy_put(self, vni: int) -> None:
+        try:
             self.etcd.put(self.keys.vtep(vni, self.node), {"ip": self.underlay_ip})
+        except EtcdPermissionDenied:
+            log.info("etcd refuses legacy VTEP keys (authentication on): none written from now on")
+            self._legacy = False
+        except (EtcdUnavailable, EtcdRequestError) as e:
+            log.debug("legacy VTEP key of VNI %d: %s", vni, e)
             with self._mutex:
-                self._registered.add(vni)
+                self._registered.discard(vni)
 
     def release(self, vni: int, uid: int) -> None:
         """A pod of this VNI is gone: if it was the user's last one here, their network
@@ -121,10 +128,12 @@ class UserNetworks:
         self._remove(vni)
 
     def _remove(self, vni: int) -> None:
-        with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-            self.etcd.delete(self.keys.vtep(vni, self.node))
         with self._mutex:
+            legacy = vni in self._registered and self._legacy
             self._registered.discard(vni)
+        if legacy:
+            with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+                self.etcd.delete(self.keys.vtep(vni, self.node))
         self.dp.remove_user(vni)
 
     def remove_idle(self, now: float) -> list[int]:

@@ -6,6 +6,11 @@ Every allocation is one etcd transaction guarded by `create_revision == 0` on th
 creates (`ips/<ip>`, `blocks/<cidr>`, `users/<u>`, `vnis/<v>`, `jobs/<id>`), so two
 agents can never hand out the same IP, block or VNI: the loser's transaction fails and it
 retries with a fresher view (or, for a job, reads what the winner wrote).
+
+A job is allocated by one of its nodes, in one transaction that writes everything its
+pods need (addresses, the job record, its name, every pod's DNS records and marker); the
+other nodes take the record from their watch of `jobs/` (`JobRecords`) and send nothing
+(docs/agent.md "Allocation").
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import contextlib
 import ipaddress
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,10 +35,18 @@ log = logging.getLogger("podnet.alloc")
 
 RECORD_TTL = 30
 MAX_ATTEMPTS = 20
-#: in larger jobs only the first node allocates; the others wait for it (see allocate_job)
-READ_FIRST_NODES = 16
-#: seconds the other nodes of a large job wait for its first node's allocation
+#: the nodes after the first that take over a job's allocation when it is late, in turn
+BACKUPS = 3
+#: seconds any other node waits for the job's record before it takes over
 LEADER_WAIT = 3.0
+
+
+def first_node_grace(nodes: int) -> float:
+    """How long the second node of a job waits for the first node's allocation before it
+    allocates the job itself (the third node twice as long, ...): well above what the first
+    node needs when it is not starved (its transaction grows with the job: `make
+    bench-scale`, first_node_committed_ms), well below what a starved node can take."""
+    return 0.1 + 0.0004 * nodes
 
 
 class AllocError(RuntimeError):
@@ -85,6 +99,56 @@ class Job:
         )
 
 
+class JobRecords:
+    """The job records of the cluster as this node's watch of `jobs/` delivers them (the
+    node layer's sync loop feeds `put`/`remove`; `reset` after a re-list). The allocator
+    takes a job from here instead of reading it, and the other nodes of a job wait here
+    for the record its allocating node writes. `live` is false until the first `reset`
+    (no watch: the allocator reads etcd instead)."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, Job] = {}
+        self._cond = threading.Condition()
+        self.live = False
+
+    def reset(self, jobs: list[Job]) -> None:
+        with self._cond:
+            self._jobs = {j.job_id: j for j in jobs}
+            self.live = True
+            self._cond.notify_all()
+
+    def put(self, job: Job) -> Job | None:
+        """Store `job`; returns the record it replaces."""
+        with self._cond:
+            old = self._jobs.get(job.job_id)
+            self._jobs[job.job_id] = job
+            self._cond.notify_all()
+            return old
+
+    def remove(self, job_id: int) -> Job | None:
+        with self._cond:
+            return self._jobs.pop(job_id, None)
+
+    def get(self, job_id: int) -> Job | None:
+        with self._cond:
+            return self._jobs.get(job_id)
+
+    def all(self) -> list[Job]:
+        with self._cond:
+            return list(self._jobs.values())
+
+    def wait(self, job_id: int, timeout: float) -> Job | None:
+        """The record of `job_id` once it is here, or None after `timeout` seconds."""
+        end = time.monotonic() + timeout
+        with self._cond:
+            while (job := self._jobs.get(job_id)) is None:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return None
+                self._cond.wait(left)
+            return job
+
+
 @dataclass
 class Allocator:
     etcd: Etcd
@@ -94,6 +158,8 @@ class Allocator:
     vni_min: int
     vni_max: int
     node_ips: dict[str, str] = field(default_factory=dict)
+    #: the job records from this node's watch (None or not live: read from etcd)
+    jobs: JobRecords | None = None
 
     @property
     def slots(self) -> quota.Slots:
@@ -156,6 +222,10 @@ class Allocator:
         kv = self.etcd.get(self.keys.job(job_id))
         return Job.from_json(kv.json(), kv.mod_revision) if kv else None
 
+    def _known_job(self, job_id: int) -> Job | None:
+        """The job's record if this node's watch delivered it already."""
+        return self.jobs.get(job_id) if self.jobs is not None and self.jobs.live else None
+
     def allocate_job(
         self,
         job_id: int,
@@ -166,25 +236,78 @@ class Allocator:
         vni: int,
         node_index: int = 0,
     ) -> Job:
-        """All IPs of a job, its record and its name in one transaction; idempotent.
+        """The job's record, allocated once by one of its nodes; idempotent.
 
-        Each node's IP comes from that node's address blocks (a new block is claimed in
-        the same transaction when a node has no free address), so hosts route a node's
-        pods through that node. The transaction also takes the job name (newest job
-        wins: the previous owner's name records go) and, when it loses because another
-        node allocated the job first, returns that job (one round trip either way, so the
-        first try reads nothing before). In jobs of more than `READ_FIRST_NODES` nodes
-        only the first node (`node_index` 0) allocates at once; the others wait for its
-        job record (`_await_job`: a read, then a watch on the record) and allocate
-        themselves only if it never comes (first node slow or gone): all nodes start
-        together, and hundreds of large transactions of which one wins cost etcd and the
-        nodes more than the job's allocation itself (measured with `make bench-scale`).
-        The pods' DNS records are written by each node with its pod (`publish_pod`).
-        """
-        if len(nodes) > READ_FIRST_NODES and node_index != 0:
-            existing = self._await_job(job_id)
-            if existing:
+        The first node (`node_index` 0) allocates at once (`_allocate`: one transaction
+        with the job's addresses, its record and name, and every pod's DNS records and
+        marker). Every other node sends nothing: the record reaches it on its watch of
+        `jobs/` (`JobRecords`). If the first node is late (a busy node), the next nodes
+        take over one after the other (`first_node_grace`), each by taking the job's
+        lock (`joblocks/<id>`, one small transaction) before it allocates; after
+        `LEADER_WAIT` any node does. Without a watch (`jobs` not live) the record is read
+        and watched on etcd (`Etcd.get_or_wait`)."""
+        known = self._known_job(job_id)
+        if known is not None:
+            return _same_job(known, user, nodes)
+        me = nodes[node_index]
+        if node_index == 0:
+            return self._allocate(job_id, user, uid, name, nodes, vni, me, None)
+        rank = min(node_index, BACKUPS + 1)
+        wait = rank * first_node_grace(len(nodes)) if rank <= BACKUPS else LEADER_WAIT
+        existing = self._await_job(job_id, wait)
+        if existing is not None:
+            return _same_job(existing, user, nodes)
+        return self._take_over(job_id, user, uid, name, nodes, vni, me)
+
+    def _take_over(
+        self, job_id: int, user: str, uid: int, name: str, nodes: list[str], vni: int, me: str
+    ) -> Job:
+        """The job's first node is late: take the job's lock and allocate it, unless
+        someone else has (then wait for their record, and take the lock from them after
+        `LEADER_WAIT`)."""
+        job_key, lock = self.keys.job(job_id), self.keys.job_lock(job_id)
+        mine = store.json_dumps({"node": me, "at": time.time()})
+        guard = [cmp_absent(lock)]
+        for _attempt in range(MAX_ATTEMPTS):
+            r = self.etcd.txn(
+                [cmp_absent(job_key), *guard],
+                [op_put(lock, mine)],
+                [op_get(job_key), op_get(lock)],
+            )
+            if r.succeeded:
+                log.info("job %d: its first node is late: %s allocates it", job_id, me)
+                return self._allocate(job_id, user, uid, name, nodes, vni, me, mine)
+            got = r.range_kvs(0)
+            if got:
+                return _same_job(Job.from_json(got[0].json(), got[0].mod_revision), user, nodes)
+            held = r.range_kvs(1)
+            existing = self._await_job(job_id, LEADER_WAIT)
+            if existing is not None:
                 return _same_job(existing, user, nodes)
+            # the holder did not finish: take the lock from it (unless it moved meanwhile)
+            guard = [store.cmp_mod(lock, held[0].mod_revision)] if held else [cmp_absent(lock)]
+        raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def _allocate(
+        self,
+        job_id: int,
+        user: str,
+        uid: int,
+        name: str,
+        nodes: list[str],
+        vni: int,
+        me: str,
+        lock: str | None,
+    ) -> Job:
+        """All of a job in one transaction: its addresses (each node's from that node's
+        blocks, a new block claimed in the same transaction for a node that has no free
+        address), the job record, the job name (newest job wins: the previous owner's name
+        records go), and each pod's DNS records (under the job name and the job id, the
+        PTR) and marker `jobnodes/<id>/<node>`. Guarded by the job's absence and its lock
+        (absent, or `lock`: ours). When it loses because the job exists, its failure
+        branch returns the job (one round trip either way). Too large for the server's
+        `--max-txn-ops`: the records and markers follow in transactions of their own."""
+        job_key = self.keys.job(job_id)
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
                 existing = self.get_job(job_id)
@@ -193,59 +316,86 @@ class Allocator:
             job = Job(
                 job_id, user, uid, name, job_label(name), list(nodes), [], vni, created=time.time()
             )
-            compare = [cmp_absent(self.keys.job(job_id))]
-            ops: list[dict[str, Any]] = []
             new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
             job.ips = self._pick_ips(nodes, new_blocks)
-            for blk, node in new_blocks:
-                compare.append(cmp_absent(self.keys.block(str(blk))))
-                ops.append(op_put(self.keys.block(str(blk)), {"node": node}))
-            prefix = self.keys.prefix("ips")
-            for node, ip in zip(nodes, job.ips, strict=True):
-                compare.append(cmp_absent(prefix + ip))
-                ops.append(
-                    op_put(
-                        prefix + ip,
-                        f'{{"job_id":{job_id},"node":{json.dumps(node)},"vni":{vni}}}',
-                    )
-                )
-            ops.append(op_put(self.keys.job(job_id), job.to_json()))
-            # the job name is this job's now: the previous owner's records go with it
-            ops.append(op_delete(self.name_records(user, job.label), prefix=True))
-            ops.append(op_put(self.keys.name(user, job.label), name_owner(job_id)))
+            compare, ops = self._job_ops(job, new_blocks, lock)
+            named, records = self._all_records(job)
+            split = len(ops) + len(records) > self.etcd.max_txn_ops
             try:
-                r = self.etcd.txn(compare, ops, [op_get(self.keys.job(job_id))])
-            except store.EtcdRequestError:
+                r = self.etcd.txn(compare, ops if split else ops + records, [op_get(job_key)])
+            except store.EtcdRequestError as e:
                 self._release(job.ips, new_blocks)
+                if store.too_large(e) and not split:
+                    self.etcd.max_txn_ops = max(1, len(ops))
+                    continue
                 raise
             if r.succeeded:
                 self.ipam.mark(job.ips)
                 self.ipam.release_pending(job.ips)
                 self.ipam.confirm_blocks(blk for blk, _node in new_blocks)
                 job.revision = r.revision
+                if split:
+                    self.etcd.put_many(records)
+                # the records under the job name after the name's old records went (etcd
+                # refuses a put under a range the same transaction deletes), while the
+                # job still owns the name
+                step = max(1, self.etcd.max_txn_ops)
+                for i in range(0, len(named), step):
+                    self._while_name_owner(job, named[i : i + step], [])
+                log.debug("job %d: allocated by %s (%d nodes)", job_id, me, len(nodes))
                 return job
             self._release(job.ips, new_blocks)
             got = r.range_kvs(0)
             if got:  # another node allocated the job
                 return _same_job(Job.from_json(got[0].json(), got[0].mod_revision), user, nodes)
+            if lock is None and self.etcd.get(self.keys.job_lock(job_id), True) is not None:
+                # a late first node: another node took the job over
+                existing = self._await_job(job_id, LEADER_WAIT)
+                if existing is not None:
+                    return _same_job(existing, user, nodes)
+                return self._take_over(job_id, user, uid, name, nodes, vni, me)
             # lost a race on an IP or a block: refresh the view and retry
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate job {job_id} (contention)")
 
-    def _await_job(self, job_id: int) -> Job | None:
-        """The job record once the job's first node has written it, or None after
-        `LEADER_WAIT` seconds: a read, then a watch on the record (`Etcd.get_or_wait`),
-        two requests per waiting node however long the first node takes, and the record
-        arrives as soon as it is written (reads backing off 2-64 ms sent 3-4 requests per
-        node and saw it 37-40 ms late at the median, the watch 12-23 ms: the wait path of
-        `make bench-scale`, docs/bench.md)."""
+    def _job_ops(
+        self, job: Job, new_blocks: list[tuple[ipaddress.IPv4Network, str]], lock: str | None
+    ) -> tuple[list[Any], list[Any]]:
+        """(compare, ops) of a job's allocation: absent job, its lock absent or ours,
+        absent addresses and new blocks; the blocks, addresses, record and name."""
+        job_key, lock_key = self.keys.job(job.job_id), self.keys.job_lock(job.job_id)
+        compare = [
+            cmp_absent(job_key),
+            cmp_absent(lock_key) if lock is None else cmp_value(lock_key, lock),
+        ]
+        ops: list[Any] = []
+        for blk, node in new_blocks:
+            compare.append(cmp_absent(self.keys.block(str(blk))))
+            ops.append(op_put(self.keys.block(str(blk)), {"node": node}))
+        for i, ip in enumerate(job.ips):
+            compare.append(cmp_absent(self.keys.ip(ip)))
+            ops.append(self.job_ip_op(job, i))
+        ops.append(op_put(job_key, job.to_json()))
+        # the job name is this job's now: the previous owner's records go with it
+        ops.append(op_delete(self.name_records(job.user, job.label), prefix=True))
+        ops.append(op_put(self.keys.name(job.user, job.label), name_owner(job.job_id)))
+        if lock is not None:
+            ops.append(op_delete(lock_key))
+        return compare, ops
+
+    def _await_job(self, job_id: int, timeout: float) -> Job | None:
+        """The job record once another node wrote it, or None after `timeout` seconds:
+        from this node's watch of `jobs/` (no request), else a read and a watch on the
+        record (`Etcd.get_or_wait`), else (a store without watches: the unit tests'
+        in-memory etcd) short reads."""
+        if self.jobs is not None and self.jobs.live:
+            return self.jobs.wait(job_id, timeout)
         wait = getattr(self.etcd, "get_or_wait", None)
         if wait is not None:
-            kv = wait(self.keys.job(job_id), LEADER_WAIT)
+            kv = wait(self.keys.job(job_id), timeout)
             return Job.from_json(kv.json(), kv.mod_revision) if kv else None
-        # a store without watches (the unit tests' in-memory etcd): short reads
-        end = time.monotonic() + LEADER_WAIT
+        end = time.monotonic() + timeout
         pause = 0.002
         while True:
             job = self.get_job(job_id)
@@ -267,29 +417,53 @@ class Allocator:
             self.keys.job_node(job.job_id, node),
         ]
 
-    def _while_name_owner(
-        self, job: Job, named: dict[str, Any], common: list[dict[str, Any]]
-    ) -> None:
-        """`named` + `common` if the job still owns its name, else `common` only."""
+    def _while_name_owner(self, job: Job, named: Any, common: list[Any]) -> None:
+        """`named` (one op, a list of them, or None) + `common` if the job still owns its
+        name, else `common` only."""
+        mine = named if isinstance(named, list) else [] if named is None else [named]
         self.etcd.txn(
             [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
-            [named, *common],
+            [*mine, *common],
             common,
         )
 
-    def publish_pod(self, job: Job, index: int, node: str) -> None:
-        """One round trip once this node's pod of `job` is built: its DNS records (under
-        the job id, the PTR, and under the job name while the job owns the name) and the
-        node's marker `jobnodes/<id>/<node>`."""
+    def _all_records(self, job: Job) -> tuple[list[Any], list[Any]]:
+        """(the pods' records under the job name, everything else of every pod)."""
+        named: list[Any] = []
+        rest: list[Any] = []
+        for i, node in enumerate(job.nodes):
+            n, *others = self.pod_record_ops(job, i, node)
+            named.append(n)
+            rest += others
+        return named, rest
+
+    def job_ip_op(self, job: Job, index: int) -> Any:
+        """The address record of pod `index` (`ips/<ip>`: job, node, VNI)."""
+        node = json.dumps(job.nodes[index])
+        return op_put(
+            self.keys.ip(job.ips[index]),
+            f'{{"job_id":{job.job_id},"node":{node},"vni":{job.vni}}}',
+        )
+
+    def pod_record_ops(self, job: Job, index: int, node: str) -> list[Any]:
+        """Pod `index`'s DNS records (under the job name, the job id, the PTR) and its
+        node's marker, as the allocating node writes them while the job owns its name."""
         named, (by_id, ptr, marker) = self._pod_records(job, index, node)
         rec = {"host": job.ips[index], "ttl": RECORD_TTL}
         host = f"pod{index}.{job.job_id}.{job.user}.{self.zone}"
-        common = [
+        return [
+            op_put(named, rec),
             op_put(by_id, rec),
             op_put(ptr, {"host": host, "ttl": RECORD_TTL}),
             op_put(marker, "1"),
         ]
-        self._while_name_owner(job, op_put(named, rec), common)
+
+    def publish_pod(self, job: Job, index: int, node: str) -> None:
+        """This node's pod's records and marker again, in one round trip (adoption after
+        a restart, a job written back): the record under the job name only while the job
+        owns it."""
+        named, *common = self.pod_record_ops(job, index, node)
+        self._while_name_owner(job, named, common)
 
     def unpublish_pod(self, job: Job, index: int, node: str) -> None:
         """Undo `publish_pod` (this node's pod could not be built)."""
@@ -321,7 +495,9 @@ class Allocator:
         (for the nodes the record names), the user's VNI and, unless a newer job owns it,
         the job name. An address whose `ips/` record names a job that no longer runs
         (`running`) is a stale record of the snapshot (that job had released it before this
-        one was allocated): that job's records are released first. Anything another owner
+        one was allocated): that job's records are released first. An address record or a
+        job name that is still the job's own (another writer deleted only the job record) is
+        kept as it is, with every node's records under the name. Anything another owner
         holds (an address of a running job or a login, a block of another node, the VNI of
         another user) is never taken: AllocError says what. Returns the job record in
         etcd (this one, or the same job written by another of its nodes)."""
@@ -332,7 +508,7 @@ class Allocator:
                     raise AllocError(f"job {job.job_id} is in etcd with other addresses")
                 return _same_job(existing, job.user, job.nodes)
             compare = [cmp_absent(self.keys.job(job.job_id))]
-            ops: list[dict[str, Any]] = []
+            ops: list[Any] = []
             self._reclaim_user(job, compare, ops)
             blocks: dict[str, str] = {}
             stale = self._reclaim_addresses(job, running, blocks, compare, ops)
@@ -383,7 +559,7 @@ class Allocator:
     ) -> Job | None:
         """The job's addresses and their blocks (created if absent); returns a job that
         no longer runs whose stale record holds one of them (to release first)."""
-        for node, ip in zip(job.nodes, job.ips, strict=True):
+        for i, (node, ip) in enumerate(zip(job.nodes, job.ips, strict=True)):
             blk = str(ipaddress.IPv4Network(f"{ip}/{self.ipam.block_prefix}", strict=False))
             if blk not in blocks:
                 bkv = self.etcd.get(self.keys.block(blk))
@@ -397,18 +573,19 @@ class Allocator:
             if ikv is not None:
                 owner = _json_or_none(ikv.value)
                 other = owner.get("job_id") if isinstance(owner, dict) else None
-                if isinstance(other, int) and other != job.job_id and not running(other):
+                if other == job.job_id:
+                    # the job's own address record (only the job record was lost: another
+                    # writer deleted it): kept, in the allocator's form, if unchanged meanwhile
+                    compare.append(cmp_value(self.keys.ip(ip), ikv.value))
+                    ops.append(self.job_ip_op(job, i))
+                    continue
+                if isinstance(other, int) and not running(other):
                     stale = self.get_job(other)
                     if stale is not None and ip in stale.ips:
                         return stale
                 raise AllocError(f"address {ip} is taken: {ikv.value}")
             compare.append(cmp_absent(self.keys.ip(ip)))
-            ops.append(
-                op_put(
-                    self.keys.ip(ip),
-                    f'{{"job_id":{job.job_id},"node":{json.dumps(node)},"vni":{job.vni}}}',
-                )
-            )
+            ops.append(self.job_ip_op(job, i))
         return None
 
     def _reclaim_name(self, job: Job, compare: list[Any], ops: list[Any]) -> None:
@@ -419,6 +596,10 @@ class Allocator:
         holder = _json_or_none(nkv.value) if nkv else None
         hid = holder.get("job_id") if isinstance(holder, dict) else None
         if isinstance(hid, int) and hid > job.job_id:
+            return
+        if nkv is not None and hid == job.job_id:
+            # the job still owns its name: its records there (every node's) stay
+            compare.append(cmp_value(name_key, nkv.value))
             return
         compare.append(cmp_value(name_key, nkv.value) if nkv else cmp_absent(name_key))
         ops.append(op_delete(self.name_records(job.user, job.label), prefix=True))
@@ -494,8 +675,8 @@ class Allocator:
     def _place(
         self,
         node: str,
-        records: Callable[[str], tuple[list[dict[str, Any]], list[dict[str, Any]]]],
-        reads: list[dict[str, Any]],
+        records: Callable[[str], tuple[list[Any], list[Any]]],
+        reads: list[Any],
     ) -> tuple[str | None, store.TxnResult]:
         """One attempt at an address of `node`'s blocks (claiming a block if they are full)
         and its records (`records(ip)`: what else to compare, what to put), in one
@@ -545,9 +726,7 @@ class Allocator:
                 return str(d["ip"]), quota.slots_of(d)
             claim = self.slots.claim(user, limits or {}, key, lease)
 
-            def records(
-                ip: str, claim: quota.Claim = claim
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            def records(ip: str, claim: quota.Claim = claim) -> tuple[list[Any], list[Any]]:
                 ops = self.login_record_ops(node, user, uid, vni, ip, lease, claim.slots)
                 return [cmp_absent(key), *claim.compare], [*claim.ops, *ops]
 
@@ -567,11 +746,11 @@ class Allocator:
         ip: str,
         lease: int,
         slots: dict[str, int] | None = None,
-    ) -> list[dict[str, Any]]:
+    ) -> list[Any]:
         """The keys of a login pod, all on the node's lease: `logins/<node>/<user>` (with
         the quota slots it holds), its IP, `<node>.login.<user>.<zone>` and the PTR."""
         label = login_label(node)
-        record: dict[str, Any] = {"ip": ip, "uid": uid}
+        record: dict[str, Any] = {"ip": ip, "uid": uid, "vni": vni}
         if slots:
             record["slots"] = slots
         return [
@@ -660,9 +839,7 @@ class Allocator:
             if claim.slots:
                 record["slots"] = claim.slots
 
-            def records(
-                ip: str, claim: quota.Claim = claim
-            ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            def records(ip: str, claim: quota.Claim = claim) -> tuple[list[Any], list[Any]]:
                 record["ip"] = ip
                 claims = [op_put(name_key, container_owner(ns, node))] if name_key else []
                 ops = self.container_record_ops(node, ns, user, vni, ip, dns_name, record)
@@ -689,7 +866,7 @@ class Allocator:
         ip: str,
         dns_name: str,
         record: dict[str, Any],
-    ) -> list[dict[str, Any]]:
+    ) -> list[Any]:
         """A container's keys: its IP, its record, `<label>/ctr` of its DNS name and the PTR."""
         label = _label(dns_name)
         ops = [

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""This node in etcd: its record (`nodes/<node>`: underlay address, roles) and its lease,
-which carries the node's liveness key and its login pods' records.
+"""This node in etcd: its liveness key (`alive/<node>`) on its lease, which also carries its
+login pods' records, and (when the collection has not written it) its record
+(`nodes/<node>`: underlay address, roles).
 
 The lease id is kept in `<state_dir>/lease`: a restart of podnetd shorter than the TTL
 reuses the lease, so nothing of a running login pod expires. If the lease is lost
@@ -18,7 +19,13 @@ from pathlib import Path
 
 from podnet import __version__
 from podnet.names import Keys
-from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, op_put
+from podnet.state.store import (
+    Etcd,
+    EtcdPermissionDenied,
+    EtcdRequestError,
+    EtcdUnavailable,
+    json_dumps,
+)
 
 log = logging.getLogger("podnet.lease")
 
@@ -52,16 +59,25 @@ class NodeLease:
         else:
             self.id = self.etcd.lease_grant(self.ttl)
             self.file.write_text(str(self.id))
-        self.etcd.put_many(
-            [
-                op_put(self.keys.node(self.node), {"ip": self.underlay_ip, "roles": self.roles}),
-                op_put(
-                    self.keys.alive(self.node),
-                    {"ip": self.underlay_ip, "version": __version__},
-                    self.id,
-                ),
-            ]
+        self.etcd.put(
+            self.keys.alive(self.node), {"ip": self.underlay_ip, "version": __version__}, self.id
         )
+        # the node's record is the collection's (hpc.podnet.agent registers the nodes; with
+        # etcd authentication on a node may not write it): written here only when missing
+        # or different, where podnetd runs without the collection
+        want = {"ip": self.underlay_ip, "roles": self.roles}
+        kv = self.etcd.get(self.keys.node(self.node))
+        if kv is None or kv.json() != want:
+            try:
+                self.etcd.put(self.keys.node(self.node), want)
+            except EtcdPermissionDenied:
+                log.warning(
+                    "etcd %s is %s, not %s, and this node may not write it: run the "
+                    "collection (hpc.podnet.agent) for this node",
+                    self.keys.node(self.node),
+                    kv.value if kv else "missing",
+                    json_dumps(want),
+                )
 
     def run(self, stop: threading.Event, on_new_lease: Callable[[], None]) -> None:
         period = max(1.0, self.ttl / 3)

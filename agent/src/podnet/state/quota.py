@@ -138,8 +138,8 @@ class QuotaExceeded(PodnetError):
 class Claim:
     """Slots to take (or keep) in the transaction that writes their owner."""
 
-    compare: list[dict[str, Any]] = field(default_factory=list)
-    ops: list[dict[str, Any]] = field(default_factory=list)
+    compare: list[Any] = field(default_factory=list)
+    ops: list[Any] = field(default_factory=list)
     slots: dict[str, int] = field(default_factory=dict)
 
 

@@ -63,7 +63,7 @@ StatusResponse = message("etcdserverpb.StatusResponse")
 
 # Compare.target / Compare.result (rpc.proto)
 _VERSION, _CREATE, _MOD, _VALUE = 0, 1, 2, 3
-_EQUAL = 0
+_EQUAL, _GREATER = 0, 1
 #: mvccpb.Event.type
 _DELETE = 1
 
@@ -169,6 +169,11 @@ def cmp_value(key: str, value: str) -> Any:
 
 def cmp_absent(key: str) -> Any:
     return Compare(key=key.encode(), target=_CREATE, result=_EQUAL, create_revision=0)
+
+
+def cmp_present(key: str) -> Any:
+    """The key exists."""
+    return Compare(key=key.encode(), target=_VERSION, result=_GREATER, version=0)
 
 
 def cmp_mod(key: str, revision: int) -> Any:
@@ -473,6 +478,8 @@ class Watcher:
     resync: Callable[[], int]
     stop: threading.Event | None = None
     id: int = 0
+    #: set once etcd confirmed the watcher (events after its start revision follow)
+    created: threading.Event = field(default_factory=threading.Event)
 
     def create_request(self) -> Any:
         return WatchRequest(
@@ -577,6 +584,8 @@ class Watches:
         if resp.canceled:
             self._canceled(w, resp)
             return
+        if resp.created:
+            w.created.set()
         try:
             for ev in resp.events:
                 kv = _kv(ev.kv)

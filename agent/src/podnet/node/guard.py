@@ -1,0 +1,137 @@
+# SPDX-License-Identifier: Apache-2.0
+"""This node checks the shared records of its own pods and puts back what another writer
+changed (docs/security.md, "etcd authentication": what etcd's prefix permissions cannot
+refuse is detected and undone by its owner).
+
+Every node may write the records that allocations share (addresses, DNS records, markers:
+their keys are by address or by user, not by node), so a node with a stolen certificate
+could change or delete those of another node's pods. Every `VERIFY_INTERVAL` seconds the
+owner compares them all with what they must hold, in one read-only transaction (its
+failure branch returns them: no second round trip to find the difference), and writes
+back the ones that differ: its job pods' address records and DNS records (under the job
+id, the PTR, and under the job name while the job owns it); its login pods' address, DNS
+and PTR records. A write back is guarded by the pod's own record (the job's record as
+this node keeps it, the login record), so a pod released meanwhile is never written back.
+A job's markers are not checked here: a node leaving deletes its own, and one deleted by
+another writer ends in the job's record going early, which its nodes write back with the
+rest (node/reconcile.py). Each write back is logged (a warning: someone else wrote there).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from podnet.names import Keys
+from podnet.node.pods import PodTable
+from podnet.state.alloc import Allocator, Job, name_owner
+from podnet.state.store import (
+    Etcd,
+    EtcdRequestError,
+    EtcdUnavailable,
+    cmp_present,
+    cmp_value,
+    json_dumps,
+    op_get,
+    op_put,
+)
+
+log = logging.getLogger("podnet.guard")
+
+#: how often a node checks its pods' shared records
+VERIFY_INTERVAL = 5.0
+
+
+class RecordGuard:
+    def __init__(
+        self,
+        etcd: Etcd,
+        keys: Keys,
+        node: str,
+        alloc: Allocator,
+        pods: PodTable,
+        job_of: Callable[[int], tuple[Job, int] | None],
+        lease_id: Callable[[], int],
+    ) -> None:
+        self.etcd = etcd
+        self.keys = keys
+        self.node = node
+        self.alloc = alloc
+        self.pods = pods
+        #: this node's own copy of a job's record and its pod's index (reconcile.local)
+        self.job_of = job_of
+        self.lease_id = lease_id
+        self.restored = 0  # records written back (metrics, tests)
+
+    def expected(self) -> list[tuple[str, str, str | None, str, Any]]:
+        """(key, value, name key, its owner value, the pod's own record compare) of every
+        shared record of this node's pods: a record under a job name is this pod's only
+        while the job owns the name (name key and owner value; "" for the others)."""
+        out: list[tuple[str, str, str | None, str, Any]] = []
+        for p in self.pods.all():
+            ops: list[Any] = []
+            name_key, owner = None, ""
+            if p.kind == "job" and p.job_id is not None:
+                mine = self.job_of(p.job_id)
+                if mine is None or mine[0].ips[mine[1]] != p.ip:
+                    continue
+                job, i = mine
+                alive = cmp_value(self.keys.job(job.job_id), json_dumps(job.to_json()))
+                named, by_id, ptr, _marker = self.alloc.pod_record_ops(job, i, self.node)
+                name_key, owner = self.keys.name(job.user, job.label), name_owner(job.job_id)
+                out.append((*_kv(named), name_key, owner, alive))
+                ops = [by_id, ptr, self.alloc.job_ip_op(job, i)]
+            elif p.kind == "login":
+                _login, *ops = self.alloc.login_record_ops(
+                    self.node, p.user, p.uid, p.vni, p.ip, self.lease_id(), p.slots
+                )
+                alive = cmp_present(self.keys.login(self.node, p.user))
+            else:
+                continue
+            out += [(*_kv(op), None, "", alive) for op in ops]
+        return out
+
+    def check_once(self) -> int:
+        """Compare, then write back what differs; returns how many records were."""
+        want = self.expected()
+        if not want:
+            return 0
+        names = {n: o for _k, _v, n, o, _a in want if n is not None}
+        compare = [cmp_value(k, v) for k, v, _n, _o, _a in want]
+        compare += [cmp_value(n, o) for n, o in names.items()]
+        reads = [op_get(k) for k, _v, _n, _o, _a in want] + [op_get(n) for n in names]
+        r = self.etcd.txn(compare, [], reads)
+        if r.succeeded:
+            return 0
+        got: dict[str, str] = {}
+        for i in range(len(reads)):
+            for kv in r.range_kvs(i):
+                got[kv.key] = kv.value
+        done = 0
+        for key, value, name_key, owner, alive in want:
+            if name_key is not None and got.get(name_key) != owner:
+                continue  # the name is another job's now (the newest job wins): not ours
+            if got.get(key) == value:
+                continue
+            guard = [alive] + ([cmp_value(name_key, owner)] if name_key is not None else [])
+            if self.etcd.txn(guard, [op_put(key, value)]).succeeded:
+                log.warning("%s was changed or deleted by another writer: written back", key)
+                done += 1
+        self.restored += done
+        return done
+
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(VERIFY_INTERVAL):
+            try:
+                self.check_once()
+            except (EtcdUnavailable, EtcdRequestError) as e:
+                log.debug("record check: %s", e)
+            except Exception:
+                log.exception("record check failed")
+
+
+def _kv(op: Any) -> tuple[str, str]:
+    r = op.request_put
+    return r.key.decode(), r.value.decode()
