@@ -13,9 +13,17 @@ writes build/bench/e2e.json:
 * overlay_throughput_pod_gbps / _host_gbps, overlay_throughput_ratio: TCP throughput
   (iperf3, one stream, BENCH_E2E_TPUT_SECONDS each) pod to pod across c1 and c2 (two
   steps of one `salloc -N2` job of alice: the SPANK plugin puts them in the job's pods)
-  versus host to host (root on c1 and c2, their lab underlay addresses), alternating
-  (pod, host, host, pod, ...), BENCH_E2E_TPUT_RUNS runs each, medians; the ratio is
-  pod median / host median.
+  versus host to host (root on c1 and c2, their lab underlay addresses), in rounds of
+  one run per mode, the order turned around every round, BENCH_E2E_TPUT_RUNS rounds,
+  medians; the ratio is pod median / host median;
+* overlay_throughput_bare_vxlan_gbps, overlay_throughput_ratio_vs_vxlan: the same rounds
+  also time a bare kernel VXLAN between c1's and c2's own namespaces (no bridge, veth or
+  rule of podnet's: `type vxlan id 4242 dstport 4790 nolearning ttl 64 dev host0`, the
+  options podnetd gives a user's VXLAN, on a port nothing listens on; a static all-zero
+  FDB entry to the other node; /30 addresses of 100.64.254.0/30; the pods' MTU), root to
+  root; the ratio is pod median / bare median: what podnet adds to the kernel's own
+  encapsulation. The device is removed at the end, also on failure or SIGTERM/SIGHUP/
+  SIGINT (a device left by a killed run is replaced by the next one).
 
 * srun_n2_true_pod_netns_only / _pod_with_pidns ms, pid_ns_overhead ms: `srun -N2 true`
   with a pod that is a network namespace only (podnetd's `pid_init: ""`) versus one that
@@ -38,6 +46,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -57,7 +66,14 @@ PIDNS_BLOCK = int(os.environ.get("BENCH_E2E_PIDNS_BLOCK", "10"))
 PODNET_CONF = "/etc/podnet/podnet.yaml"
 PID_INIT = "/usr/local/lib/podnet/podnet-init"
 #: iperf3 ports: the pod server (inside alice's pod) and the host server (node netns)
-POD_PORT, HOST_PORT = 5301, 5302
+POD_PORT, HOST_PORT, BARE_PORT = 5301, 5302, 5303
+#: the bare VXLAN of the reference (c1, c2): a name, VNI, UDP port and addresses that no
+#: podnet device, lab or overlay uses (podnet: 4789, Flannel: 8472; pods 198.18.0.0/15)
+BARE_DEV = "pnbenchvx"
+BARE_VNI, BARE_UDP = 4242, 4790
+BARE_IPS = ("100.64.254.1", "100.64.254.2")
+#: the VXLAN options compared between a user's VXLAN (podnetd's) and the bare one
+VXLAN_KEYS = ("ttl", "learning", "udp_csum", "udp_zero_csum6_tx", "udp_zero_csum6_rx", "ageing")
 
 
 def ssh(node: str, cmd: str, timeout: float = 900, check: bool = True) -> str:
@@ -148,14 +164,70 @@ class PodJob:
         ssh("login", f"scancel {self.job}", check=False)
 
 
-def host_run(server_ip: str) -> float:
-    """One iperf3 run from c2 to c1 in the nodes' own network (root, underlay addresses)."""
+def host_run(server_ip: str, port: int = HOST_PORT) -> float:
+    """One iperf3 run from c2 to c1 in the nodes' own network (root): to c1's underlay
+    address, or to its end of the bare VXLAN."""
     ssh(
         "c1",
-        f"setsid timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {HOST_PORT} "
+        f"setsid timeout {TPUT_SECONDS + 60} iperf3 -s -1 -p {port} -B {server_ip} "
         f"</dev/null >/dev/null 2>&1 &",
     )
-    return iperf_gbps(ssh("c2", iperf_client(server_ip, HOST_PORT)))
+    return iperf_gbps(ssh("c2", iperf_client(server_ip, port)))
+
+
+def pod_mtu(job: int) -> int:
+    netns = str(pod_of("c1", job)["netns"])
+    # nsenter leaves /sys as it was (the node's links): ask rtnetlink in the pod's netns
+    return int(json.loads(ssh("c1", f"nsenter --net={netns} ip -j link show dev eth0"))[0]["mtu"])
+
+
+def vxlan_options(node: str, prefix: str) -> dict[str, object]:
+    """VXLAN_KEYS of the first VXLAN device on `node` whose name starts with `prefix`."""
+    for link in json.loads(ssh(node, "ip -d -j link show type vxlan") or "[]"):
+        if str(link.get("ifname", "")).startswith(prefix):
+            data = link.get("linkinfo", {}).get("info_data", {})
+            opts = {k: data.get(k) for k in VXLAN_KEYS}
+            return {**opts, "mtu": link.get("mtu"), "name": link.get("ifname")}
+    return {}
+
+
+def bare_vxlan_up(mtu: int) -> None:
+    """The reference: a VXLAN between c1's and c2's host namespaces, nothing else."""
+    ul = {n: underlay_ip(n) for n in ("c1", "c2")}
+    for node, other, addr in (("c1", "c2", BARE_IPS[0]), ("c2", "c1", BARE_IPS[1])):
+        ssh(
+            node,
+            f"set -e; ip link del {BARE_DEV} 2>/dev/null || true; "
+            # the port must be free: a listener on it would take the bench's datagrams
+            f'if [ -n "$(ss -Hlun sport = :{BARE_UDP})" ]; then '
+            f"echo 'UDP port {BARE_UDP} in use' >&2; exit 1; fi; "
+            f"ip link add {BARE_DEV} type vxlan id {BARE_VNI} dstport {BARE_UDP} nolearning "
+            f"ttl 64 local {ul[node]} dev host0; ip link set {BARE_DEV} mtu {mtu}; "
+            f"ip addr add {addr}/30 dev {BARE_DEV}; "
+            f"bridge fdb append 00:00:00:00:00:00 dev {BARE_DEV} dst {ul[other]}; "
+            f"ip link set {BARE_DEV} up",
+        )
+    ssh("c2", f"ping -c 1 -W 5 {BARE_IPS[0]} >/dev/null")
+    pod, bare = vxlan_options("c1", "pnvx"), vxlan_options("c1", BARE_DEV)
+    BARE_VXLAN.update({"pod_path": pod, "bare": bare})
+    differ = {
+        k: (pod.get(k), bare.get(k)) for k in (*VXLAN_KEYS, "mtu") if pod.get(k) != bare.get(k)
+    }
+    if not pod:
+        print("# no pnvx* VXLAN on c1 to compare the bare VXLAN with", file=sys.stderr)
+    elif differ:
+        print(
+            f"# bare VXLAN differs from {pod['name']} (pod path, bare): {differ}", file=sys.stderr
+        )
+
+
+def bare_vxlan_down() -> None:
+    for node in ("c1", "c2"):
+        ssh(node, f"ip link del {BARE_DEV} 2>/dev/null; true", check=False)
+
+
+#: the pod path's VXLAN options and the bare VXLAN's (build/bench/e2e.json)
+BARE_VXLAN: dict[str, object] = {}
 
 
 def require_iperf3() -> None:
@@ -168,24 +240,37 @@ def require_iperf3() -> None:
 
 
 def throughput() -> dict[str, tuple[float, str]]:
+    if TPUT_RUNS < 3:
+        sys.exit(f"bench-e2e: BENCH_E2E_TPUT_RUNS={TPUT_RUNS}: at least 3 rounds")
     host_ip = underlay_ip("c1")
     job = PodJob()
-    samples: dict[str, list[float]] = {"pod": [], "host": []}
+    modes = ("pod", "bare", "host")
+    samples: dict[str, list[float]] = {m: [] for m in modes}
     try:
+        bare_vxlan_up(pod_mtu(job.job))
         for i in range(TPUT_RUNS):
-            for mode in ("pod", "host") if i % 2 == 0 else ("host", "pod"):
-                gbps = job.run() if mode == "pod" else host_run(host_ip)
+            for mode in modes if i % 2 == 0 else modes[::-1]:
+                if mode == "pod":
+                    gbps = job.run()
+                elif mode == "bare":
+                    gbps = host_run(BARE_IPS[0], BARE_PORT)
+                else:
+                    gbps = host_run(host_ip)
                 samples[mode].append(gbps)
                 print(f"# throughput run {i + 1} {mode} {gbps:.2f} Gbit/s", file=sys.stderr)
     finally:
         job.close()
+        bare_vxlan_down()
     pod_m = statistics.median(samples["pod"])
     host_m = statistics.median(samples["host"])
+    bare_m = statistics.median(samples["bare"])
     THROUGHPUT_SAMPLES.update(samples)
     return {
         "overlay_throughput_pod_gbps": (pod_m, "Gbit/s"),
         "overlay_throughput_host_gbps": (host_m, "Gbit/s"),
         "overlay_throughput_ratio": (pod_m / host_m, "ratio"),
+        "overlay_throughput_bare_vxlan_gbps": (bare_m, "Gbit/s"),
+        "overlay_throughput_ratio_vs_vxlan": (pod_m / bare_m, "ratio"),
     }
 
 
@@ -337,7 +422,14 @@ def image() -> dict[str, tuple[float, str]]:
     }
 
 
+def _on_signal(signum: int, _frame: object) -> None:
+    # SystemExit runs the `finally` blocks: the job cancelled, the bare VXLAN removed
+    sys.exit(f"bench-e2e: signal {signum}")
+
+
 def main() -> int:
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
         sys.exit(f"bench-e2e: lab {LAB} is not up (make lab)")
     figures: dict[str, tuple[float, str]] = {}
@@ -366,6 +458,7 @@ def main() -> int:
                 "throughput_runs": TPUT_RUNS if "throughput" in PARTS else 0,
                 "throughput_seconds": TPUT_SECONDS,
                 "throughput_samples_gbps": THROUGHPUT_SAMPLES,
+                "bare_vxlan": BARE_VXLAN,
                 "figures": {k: {"value": round(v, 2), "unit": u} for k, (v, u) in figures.items()},
             },
             indent=2,

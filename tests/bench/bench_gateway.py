@@ -15,6 +15,14 @@
     CPU time iperf3 reports for its client and server (their system time holds the
     softirq work of every hop run in their context) per GB, same runs; host over pod:
     the cost ratio, steadier than the throughput ratio on a shared machine;
+  - gateway_egress_throughput_router_gbps, gateway_egress_ratio_vs_router,
+    gateway_egress_cpu_router_s_per_gb: the same hops as a plain Linux router, same
+    rounds (pod, router, host, the order turned around every round): a host-side process
+    on c1 (root, no pod) to ext through the active gateway, which forwards and
+    masquerades it in a network namespace of its own (macvlans on its host0 and ext0: no
+    podnet rule on the way), /30 addresses of 100.64.252.0/23 on both legs, c1's route
+    to ext with the pod's MTU; the ratio is pod median / router median. Everything the
+    router needs is removed at the end, also on failure or SIGTERM/SIGHUP/SIGINT;
   - gateway_failover_ms: the active gateway loses both links, the cluster side first
     (no VRRP goodbye: a dead gateway, as the network sees it); from the last TCP
     connection from alice's pod to ext that worked before to the first that works
@@ -27,6 +35,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -44,6 +53,10 @@ POLICY_RUNS = int(os.environ.get("BENCH_GW_POLICY_RUNS", "11"))
 TPUT_RUNS = int(os.environ.get("BENCH_GW_TPUT_RUNS", "5"))
 TPUT_SECONDS = int(os.environ.get("BENCH_GW_TPUT_SECONDS", "3"))
 FAILOVER_RUNS = int(os.environ.get("BENCH_GW_FAILOVER_RUNS", "10"))
+#: the plain router of the reference, on the active gateway, and its two /30 legs
+RT_NS, RT_IN, RT_OUT = "pnbrt", "pnbrtc", "pnbrte"
+RT_CLUSTER = ("100.64.253.1", "100.64.253.2")  # router, c1
+RT_EXT = ("100.64.252.1", "100.64.252.2")  # router, ext
 
 
 def out(name: str, value: float, unit: str) -> None:
@@ -181,17 +194,21 @@ def _job() -> tuple[int, str]:
         "cd /tmp && runuser -u alice -- sbatch --parsable -J gwbench -w c1 -N1 --wrap 'sleep 900'",
     )
     job = int(o.strip().split(";")[0])
-    for _ in range(120):
-        if ssh("login", f"squeue -h -j {job} -o %T").strip() == "RUNNING":
-            break
-        time.sleep(0.5)
-    for _ in range(60):
-        pods = json.loads(ssh("c1", "podnet --json pods"))
-        p = [x for x in pods if x.get("job_id") == job]
-        if p:
-            return job, Path(p[0]["netns"]).name
-        time.sleep(0.5)
-    raise SystemExit("no pod for the benchmark job")
+    try:
+        for _ in range(120):
+            if ssh("login", f"squeue -h -j {job} -o %T").strip() == "RUNNING":
+                break
+            time.sleep(0.5)
+        for _ in range(60):
+            pods = json.loads(ssh("c1", "podnet --json pods"))
+            p = [x for x in pods if x.get("job_id") == job]
+            if p:
+                return job, Path(p[0]["netns"]).name
+            time.sleep(0.5)
+        raise SystemExit("no pod for the benchmark job")
+    except BaseException:
+        ssh("login", f"scancel {job}", check=False)
+        raise
 
 
 def _iperf(node: str, prefix: str, ext: str) -> tuple[float, float]:
@@ -203,29 +220,88 @@ def _iperf(node: str, prefix: str, ext: str) -> tuple[float, float]:
     return float(rx["bits_per_second"]) / 1e9, cpu_s / (float(rx["bytes"]) / 1e9)
 
 
+def router_up(gw: str, mtu: int) -> None:
+    """A plain Linux router on the gateway: a namespace with a macvlan on host0 and one
+    on ext0, forwarding and masquerade, no other rule; c1 and ext get the other end of
+    each leg (c1's route to ext with `mtu`, the pod's)."""
+    nat = (
+        f"table ip {RT_NS} {{\n chain post {{\n"
+        "  type nat hook postrouting priority srcnat; policy accept;\n"
+        f'  oifname "{RT_OUT}" masquerade\n }}\n}}\n'
+    )
+    router_down(gw)
+    ssh(
+        gw,
+        f"set -e; ip netns add {RT_NS}; "
+        f"ip link add link host0 name {RT_IN} netns {RT_NS} type macvlan mode bridge; "
+        f"ip link add link ext0 name {RT_OUT} netns {RT_NS} type macvlan mode bridge; "
+        f"ip -n {RT_NS} addr add {RT_CLUSTER[0]}/30 dev {RT_IN}; "
+        f"ip -n {RT_NS} addr add {RT_EXT[0]}/30 dev {RT_OUT}; "
+        f"for l in lo {RT_IN} {RT_OUT}; do ip -n {RT_NS} link set $l up; done; "
+        f"ip netns exec {RT_NS} sysctl -qw net.ipv4.ip_forward=1; "
+        f"printf %s {shlex.quote(nat)} | ip netns exec {RT_NS} nft -f -",
+    )
+    ssh(
+        "c1",
+        f"ip addr add {RT_CLUSTER[1]}/30 dev host0 && "
+        f"ip route replace {RT_EXT[1]}/32 via {RT_CLUSTER[0]} dev host0 mtu {mtu}",
+    )
+    ssh("ext", f"ip addr add {RT_EXT[1]}/30 dev host0")
+    ssh("c1", f"ping -c 1 -W 5 -I {RT_CLUSTER[1]} {RT_EXT[1]} >/dev/null")
+
+
+def router_down(gw: str) -> None:
+    ssh(gw, f"ip netns del {RT_NS} 2>/dev/null; true", check=False)
+    ssh(
+        "c1",
+        f"ip route del {RT_EXT[1]}/32 2>/dev/null; "
+        f"ip addr del {RT_CLUSTER[1]}/30 dev host0 2>/dev/null; true",
+        check=False,
+    )
+    ssh("ext", f"ip addr del {RT_EXT[1]}/30 dev host0 2>/dev/null; true", check=False)
+
+
 def bench_throughput(ns: str, vip: str, ext: str) -> None:
     ssh("ext", "pkill iperf3; setsid iperf3 -s -D >/dev/null 2>&1 </dev/null", check=False)
     # the lab policy allows tcp 8000-8099 only: iperf3's 5201 is allowed for the run
     ssh("ext", "true")
-    pod: list[tuple[float, float]] = []
-    host: list[tuple[float, float]] = []
-    for i in range(TPUT_RUNS):
-        gw = active_gateway(vip)
-        order = ("pod", "host") if i % 2 == 0 else ("host", "pod")
-        for what in order:
-            if what == "pod":
-                pod.append(_iperf("c1", f"ip netns exec {ns} runuser -u alice -- ", ext))
-            else:
-                host.append(_iperf(gw, "", ext))
-    ssh("ext", "pkill iperf3", check=False)
-    p, h = statistics.median(x[0] for x in pod), statistics.median(x[0] for x in host)
+    runs: dict[str, list[tuple[float, float]]] = {"pod": [], "router": [], "host": []}
+    router_gw = active_gateway(vip)
+    if not router_gw:
+        raise SystemExit("bench-gateway: no gateway holds the virtual address")
+    mtu = int(json.loads(ssh("c1", f"ip -n {ns} -j link show dev eth0"))[0]["mtu"])
+    try:
+        router_up(router_gw, mtu)
+        for i in range(TPUT_RUNS):
+            gw = active_gateway(vip)
+            order = ("pod", "router", "host")
+            for what in order if i % 2 == 0 else order[::-1]:
+                if what == "pod":
+                    r = _iperf("c1", f"ip netns exec {ns} runuser -u alice -- ", ext)
+                elif what == "router":
+                    r = _iperf("c1", "", f"{RT_EXT[1]} -B {RT_CLUSTER[1]}")
+                else:
+                    r = _iperf(gw, "", ext)
+                runs[what].append(r)
+                print(f"# round {i + 1} {what} {r[0]:.2f} Gbit/s {r[1]:.3f} s/GB", file=sys.stderr)
+    finally:
+        router_down(router_gw)
+        ssh("ext", "pkill iperf3", check=False)
+
+    def med(what: str, k: int) -> float:
+        return statistics.median(x[k] for x in runs[what])
+
+    p, h, rt = med("pod", 0), med("host", 0), med("router", 0)
     out("gateway_egress_throughput_pod_gbps", p, "Gbit/s")
     out("gateway_egress_throughput_host_gbps", h, "Gbit/s")
     out("gateway_egress_throughput_ratio", p / h, "ratio")
-    pc, hc = statistics.median(x[1] for x in pod), statistics.median(x[1] for x in host)
+    pc, hc, rc = med("pod", 1), med("host", 1), med("router", 1)
     out("gateway_egress_cpu_pod_s_per_gb", pc, "s/GB")
     out("gateway_egress_cpu_host_s_per_gb", hc, "s/GB")
     out("gateway_egress_cpu_ratio", hc / pc, "ratio")
+    out("gateway_egress_throughput_router_gbps", rt, "Gbit/s")
+    out("gateway_egress_ratio_vs_router", p / rt, "ratio")
+    out("gateway_egress_cpu_router_s_per_gb", rc, "s/GB")
 
 
 def bench_failover(ns: str, vip: str, ext: str) -> None:
@@ -281,10 +357,17 @@ def bench_failover(ns: str, vip: str, ext: str) -> None:
         out("gateway_failover_max_ms", max(times), "ms")
 
 
+def _on_signal(signum: int, _frame: object) -> None:
+    # SystemExit runs the `finally` blocks: router, policy, job and servers cleaned up
+    raise SystemExit(f"bench-gateway: signal {signum}")
+
+
 def main() -> None:
     if "--policy-child" in sys.argv:
         policy_apply_child()
         return
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+        signal.signal(sig, _on_signal)
     bench_policy_apply()
     if _lab_env().get("LAB_GATEWAYS") != "1":
         print(f"# lab {LAB} has no gateways: throughput and failover skipped", file=sys.stderr)
@@ -299,8 +382,8 @@ def main() -> None:
     )
     saved = ssh("ctl", f"{etcdctl} get --print-value-only {key}", check=False).strip()
     pol = {"egress": [{"action": "allow", "cidr": f"{ext}/32", "proto": "tcp", "ports": "5201"}]}
-    ssh("ctl", f"{etcdctl} put {key} '{json.dumps(pol)}'")
     try:
+        ssh("ctl", f"{etcdctl} put {key} '{json.dumps(pol)}'")
         time.sleep(1)
         bench_throughput(ns, vip, ext)
         bench_failover(ns, vip, ext)

@@ -228,7 +228,7 @@ def node_thread(
     a = allocator(etcd, ipam, JobRecords())
     a.etcd.get(Keys(CLUSTER).config)  # a running podnetd's connection to etcd is open
     follow_jobs(a)  # and its watch
-    stat = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
+    me = os.getpid()  # every thread of the node: its path, its watch, the gRPC client's own
     while True:
         go.wait()
         if job.get("stop"):
@@ -237,7 +237,7 @@ def node_thread(
         deadline = float(job["deadline"])
         time.sleep(max(0.0, deadline - time.monotonic()))
         woke = time.monotonic()
-        cpu0, wait0 = schedstat(stat)
+        cpu0, wait0 = process_schedstat(me)
         err = ""
         allocated = woke
         req0 = etcd.requests
@@ -246,7 +246,7 @@ def node_thread(
         except Exception as e:  # reported by the coordinator
             err = f"{names[index]}: {type(e).__name__}: {e}"
         end = time.monotonic()
-        cpu1, wait1 = schedstat(stat)
+        cpu1, wait1 = process_schedstat(me)
         out[index] = Sample(
             index,
             end - deadline,

@@ -38,6 +38,10 @@ def test_auth_off_and_on_with_jobs_running(work: Workload) -> None:
     t0 = float(ssh("c1", "date +%s.%N").stdout)
     out, _ = playbook("etcd_auth.yml", "-e", "etcd_auth_enabled=false")
     assert recap(out)["ctl"]["failed"] == 0 and not auth_on()
+    # the hole authentication closes: with it off, c1's certificate writes under c2's prefix
+    rc, msg = c1_writes(f"/podnet/{CLUSTER}/logins/c2/day2-probe")
+    assert rc == 0, msg
+    etcdctl(f"del /podnet/{CLUSTER}/logins/c2/day2-probe")
     work.check("etcd authentication off", t0)
     t1 = float(ssh("c1", "date +%s.%N").stdout)
     out, took = playbook("etcd_auth.yml")

@@ -50,8 +50,12 @@ def proc_start(pid: int) -> int:
         data = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return 0
+    # after the command's ")": state is field 3, starttime field 22
     rest = data[data.rfind(b")") + 2 :].split()
-    return int(rest[19]) if len(rest) > 19 else 0
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return 0
 
 
 def proc_uid(pid: int) -> int | None:

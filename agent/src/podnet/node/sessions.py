@@ -16,11 +16,13 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from podnet.kernel.nsfs import proc_start
+
 
 class LoginSessions:
     def __init__(self, state_dir: Path, starttime: Callable[[int], int] | None = None) -> None:
         self.path = state_dir / "sessions.json"
-        self.starttime = starttime or process_starttime
+        self.starttime = starttime or proc_start
         self._sessions: dict[int, dict[int, int]] = {}  # uid -> {pid: starttime}
         self._idle_since: dict[int, float] = {}
         self._lock = threading.Lock()
@@ -76,16 +78,3 @@ class LoginSessions:
         tmp = self.path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(data))
         tmp.replace(self.path)
-
-
-def process_starttime(pid: int) -> int:
-    """Start time of a process (clock ticks since boot), 0 if it does not exist."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:  # noqa: PTH123
-            data = f.read()
-    except OSError:
-        return 0
-    try:
-        return int(data.rsplit(b")", 1)[1].split()[19])
-    except (IndexError, ValueError):
-        return 0
