@@ -93,6 +93,11 @@ _CHANNEL_OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 0),
     ("grpc.max_receive_message_length", -1),
     ("grpc.max_send_message_length", -1),
+    # after an outage, connect again within a second of etcd's return (gRPC's default
+    # backoff grows to 120 s, and a call meanwhile fails at once: UNAVAILABLE)
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 #: codes after which another endpoint is tried (the request may not have been served)
 _RETRY = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
