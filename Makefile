@@ -35,7 +35,8 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
 
 .PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
-  check check-tests suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
+  check check-tests suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2 \
+  test-site-install suite-site-install suite-day2-site
 
 help:
 	@echo "make lab | lab-down | lab-status | test | check | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -187,19 +188,28 @@ test-day2: deps artifacts
 suite-day2:
 	$(call LOCKED,day2-lab) $(ROOT)/tests/day2/run.sh
 
+# A site's install (issue 21): Debian 12 nodes with the site's own Slurm, a controller with
+# only the lowest supported ansible-core and the collection tarball, every artifact from one
+# directory: its own lab pnsite (ctl login c1 c2), down afterwards (tests/site-install/run.sh).
+test-site-install: deps artifacts collection-tarball
+	$(MAKE) --no-print-directory suite-site-install
+suite-site-install:
+	$(call LOCKED,site-install-lab) $(ROOT)/tests/site-install/run.sh
+
 # What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
 # by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
 # one after the other, then the coredns scenario, beside the etcd scenario; then the
-# molecule lab followed by the apptainer scenario beside the day-2 lab (the two sides of a
-# stage take about as long: 2026-11-26 rehearsal, 52 min in all: etcd scenario 14 min,
-# quick checks 12 + coredns 3.5; molecule lab ~35 + apptainer 1, day-2 ~35). The suite-* targets
+# molecule lab followed by the apptainer scenario beside the day-2 lab followed by the site
+# install (the two sides of a stage take about as long: 2026-11-27 rehearsal H, 40.5 min in
+# all: quick checks + coredns 12 min beside the etcd scenario 11; molecule lab 28 + apptainer
+# 0.5 beside day-2 20, to which the site install adds about 8). The suite-* targets
 # have no prerequisites (built here first, never twice at once); each side runs all its
 # parts and fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
 test: deps artifacts collection-tarball
 	rm -f $(MOLECULE_E2E_FAILURES)
 	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick-roles suite-etcd || rc=1; \
-	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2 || rc=1; \
+	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2-site || rc=1; \
 	  if [ $$rc != 0 ] && [ -s $(MOLECULE_E2E_FAILURES) ]; then \
 	    echo "==== make test failed; the molecule lab's failed or skipped e2e tests:"; \
 	    tail -n 150 $(MOLECULE_E2E_FAILURES); fi; \
@@ -209,6 +219,9 @@ suite-etcd:
 suite-quick-roles:
 	rc=0; $(MAKE) --no-print-directory suite-quick || rc=1; \
 	  $(ROOT)/tests/molecule/run-scenarios.sh coredns || rc=1; exit $$rc
+suite-day2-site:
+	rc=0; $(MAKE) --no-print-directory suite-day2 || rc=1; \
+	  $(MAKE) --no-print-directory suite-site-install || rc=1; exit $$rc
 suite-molecule-roles:
 	rc=0; $(MAKE) --no-print-directory suite-molecule || rc=1; \
 	  $(ROOT)/tests/molecule/run-scenarios.sh apptainer || rc=1; exit $$rc

@@ -113,6 +113,55 @@ fetch_etcd_locked() {
     echo "etcd: $("$link/usr/bin/etcd" --version | head -n 1) (Debian $version)"
 }
 
+# etcd for nodes without a Debian etcd 3.5 (Debian 12 ships 3.4.23; podnet needs 3.5): the
+# etcd role's `artifact` method takes etcd-v<version>-linux-amd64.tar.gz, the layout of
+# etcd's own release tarballs (etcd, etcdctl, etcdutl under etcd-v<version>-linux-amd64/).
+# etcd's GitHub releases are out of reach here, so the tarball is made from Debian trixie's
+# etcd-server and etcd-client packages of that version (statically built Go: they run on
+# Debian 12), reproducibly (sorted, owner 0, the packages' mtimes, gzip -n), + .sha256 for
+# etcd_sha256. A site with etcd's own tarball uses that one and its checksum instead.
+fetch_etcd_release() {
+    (
+        flock 9
+        fetch_etcd_release_locked
+    ) 9>"$artifacts/.etcd.lock"
+}
+
+fetch_etcd_release_locked() {
+    local tmp deb version up name out
+    out=$(find "$artifacts" -maxdepth 1 -name 'etcd-v*-linux-amd64.tar.gz' | sort | tail -n 1)
+    if [ -n "$out" ] && [ -s "$out.sha256" ]; then
+        echo "etcd release tarball: cached ($(basename "$out"))"
+        return 0
+    fi
+    tmp=$(mktemp -d "$artifacts/.etcdrel.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
+    echo "deb http://deb.debian.org/debian trixie main" >"$tmp/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
+               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
+    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && "${apt[@]}" download etcd-server etcd-client >"$tmp/download.log" 2>&1) \
+        || { cat "$tmp/download.log" >&2; return 1; }
+    deb=$(ls "$tmp"/deb/etcd-server_*.deb)
+    version=$(dpkg-deb -f "$deb" Version)
+    up=${version%%-*}
+    name=etcd-v$up-linux-amd64
+    mkdir -p "$tmp/x" "$tmp/t/$name"
+    for deb in "$tmp"/deb/etcd-server_*.deb "$tmp"/deb/etcd-client_*.deb; do dpkg-deb -x "$deb" "$tmp/x"; done
+    for b in etcd etcdctl etcdutl; do
+        [ -x "$tmp/x/usr/bin/$b" ] || { echo "etcd release tarball: no $b in Debian's etcd $version" >&2; return 1; }
+        cp -p "$tmp/x/usr/bin/$b" "$tmp/t/$name/$b"
+    done
+    touch -r "$tmp/x/usr/bin/etcd" "$tmp/t/$name"
+    out=$artifacts/$name.tar.gz
+    tar -C "$tmp/t" --sort=name --owner=0 --group=0 --numeric-owner -cf - "$name" | gzip -n -9 >"$out.tmp"
+    mv -f "$out.tmp" "$out"
+    (cd "$artifacts" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256.tmp" && mv -f "$name.tar.gz.sha256.tmp" "$name.tar.gz.sha256")
+    echo "etcd release tarball: $name.tar.gz (Debian $version) sha256 $(cut -d' ' -f1 "$out.sha256")"
+}
+
 # Apptainer: the Debian package roles/apptainer installs (apptainer_version), from sid
 # (trixie has none; its dependencies are all in trixie and in the lab image), as
 # $artifacts/apptainer_<version>_amd64.deb + .sha256. Same isolated apt as etcd.
@@ -256,6 +305,7 @@ fetch_deb() {
 
 build_coredns
 fetch_etcd
+fetch_etcd_release
 fetch_apptainer
 build_flannel
 fetch_cni_plugins

@@ -10,7 +10,8 @@
 # Prints "existing-slurm: N passed, N failed". ANSIBLE_PLAYBOOK (default ansible-playbook),
 # PODNET_PLAYBOOKS (default this checkout's playbooks/; hpc.podnet for an installed collection:
 # then playbooks are named hpc.podnet.<name>) and PODNET_SITE_ARGS (extra ansible-playbook
-# arguments, e.g. -e podnet_artifact_dir=...) choose the controller side.
+# arguments, e.g. -e podnet_artifact_dir=...) choose the controller side. PODNET_SITE_E2E: a
+# command (e.g. pytest of tests/e2e files) run after the deployment, before reset.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$here/../.." && pwd)
@@ -72,6 +73,11 @@ if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
 else ko "plugstack.conf include" "$c1_plugstack"; fi
 job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 ip -br -4 addr show eth0" 2>&1 || true)
 if [ "$(grep -c ' 198\.1[89]\.' <<<"$job")" = 2 ]; then ok "a 2-node job runs in its pods"; else ko "a job in its pods" "$job"; fi
+if [ -n "${PODNET_SITE_E2E:-}" ]; then   # the e2e tests a site's users would notice, on this deployment
+    read -r -a e2e <<<"$PODNET_SITE_E2E"
+    if "${e2e[@]}" >"$out/2-e2e.log" 2>&1; then ok "e2e: $(tail -n 1 "$out/2-e2e.log")"
+    else ko "e2e" "$(grep -E '^(FAILED|ERROR)' "$out/2-e2e.log" | head -20; tail -n 1 "$out/2-e2e.log")"; fi
+fi
 
 # 3. reset: the site's Slurm as the site left it
 if "$playbook" "${common[@]}" "$(book reset)" -e podnet_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# make test-site-install: podnet installed the way a site installs it (issue 21), on a lab of
+# its own (LAB_NAME pnsite, Debian 12 nodes: LAB_OS=bookworm, Slurm 22.05), down afterwards:
+#   - the controller has ansible-core and community.crypto and nothing else: a fresh venv with
+#     the LOWEST ansible-core podnet supports (meta/runtime.yml; the molecule lab runs the
+#     highest, the dev venv's), the collection installed from its tarball with ansible-galaxy,
+#     no checkout, no ansible.cfg, no make (tests/site-install/controller.sh);
+#   - the nodes take everything that is not in their Debian mirror from one artifact directory
+#     (podnet_artifact_dir), checksummed: CoreDNS, Flannel, etcd, the wheelhouse, and the
+#     native build for Debian 12 + Slurm 22.05, built here from the nodes' image;
+#   - Slurm is the site's (tests/site-install/site-slurm.yml, slurm_manage: false):
+#     test-existing-slurm.sh checks the refusal without PrologFlags=Contain, the deployment,
+#     the e2e tests below as the lab's users, and reset.yml giving /etc/slurm back unchanged.
+# Apptainer stays off (podnet_apptainer_enabled: false): it has no build for Debian 12.
+# PODNET_SITE_KEEP=1 keeps the lab up; PODNET_SITE_LAB / PODNET_SITE_SUBNET move it.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+export LAB_NAME=${PODNET_SITE_LAB:-pnsite}
+export LAB_SUBNET=${PODNET_SITE_SUBNET:-198.51.100.160/28}
+export LAB_OS=bookworm
+unset LAB_NODES LAB_GATEWAYS LAB_ETCD_NODES LAB_DYNAMIC_NODES LAB_SLURM LAB_EXT_SUBNET
+# the lowest ansible-core meta/runtime.yml allows (its newest patch release)
+CORE=${PODNET_SITE_ANSIBLE_CORE:-2.17.14}
+cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
+out=$ROOT/build/site-install
+LAB=$ROOT/tests/lab/lab.sh
+t0=$SECONDS
+down() { [ "${PODNET_SITE_KEEP:-0}" = 1 ] || "$LAB" down; }
+trap down EXIT
+"$LAB" down >/dev/null 2>&1 || true
+"$LAB" up
+echo "site-install: lab up in $((SECONDS - t0)) s"
+
+# the release a site downloads: the collection tarball and the artifact directory
+tarball=$(find "$ROOT/build/dist" -maxdepth 1 -name 'hpc-podnet-*.tar.gz' | sort | tail -n 1)
+[ -n "$tarball" ] || { echo "site-install: no collection tarball in build/dist (make collection-tarball)" >&2; exit 1; }
+"$ROOT/agent/native/build-artifact.sh" "$("$LAB" image)" "$ROOT/build/artifacts"
+rm -rf "$out/artifacts" && mkdir -p "$out/artifacts"
+for f in "$cache"/artifacts/* "$ROOT"/build/artifacts/podnet-wheelhouse-* "$ROOT"/build/artifacts/podnet-native-*; do
+    # what a site's nodes install (not the dev-only etcd-server tree or cnitool)
+    case $(basename "$f") in wheel-deps | *.inputs | etcd-server | etcd-server-* | cnitool*) continue ;; esac
+    cp -a "$f" "$out/artifacts/"
+done
+"$ROOT/tests/site-install/controller.sh" "$CORE" "$out/controller" "$tarball"
+
+# ansible-playbook as the site's controller runs it: its venv, its collections, a clean
+# environment, outside the checkout (no ansible.cfg of ours)
+cat >"$out/ansible-playbook" <<EOF
+#!/bin/sh
+cd "$out/controller" && exec env -i PATH="$out/controller/venv/bin:/usr/bin:/bin" HOME="\${HOME:-/root}" \\
+  LANG=C.UTF-8 ANSIBLE_COLLECTIONS_PATH="$out/controller/collections" ANSIBLE_HOST_KEY_CHECKING=False \\
+  ansible-playbook "\$@"
+EOF
+chmod +x "$out/ansible-playbook"
+"$out/ansible-playbook" --version | head -n 1
+
+export ANSIBLE_PLAYBOOK=$out/ansible-playbook PODNET_PLAYBOOKS=hpc.podnet
+# Debian 12: no Apptainer package; etcd 3.5 from the release tarball (Debian 12 ships 3.4)
+etcd_tar=$(find "$out/artifacts" -maxdepth 1 -name "etcd-v*-linux-amd64.tar.gz" | sort | tail -n 1)
+[ -n "$etcd_tar" ] || { echo "site-install: no etcd release tarball (make artifacts)" >&2; exit 1; }
+etcd_sha=$(cut -d" " -f1 "$etcd_tar.sha256")
+export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e podnet_apptainer_enabled=false -e etcd_install_method=artifact -e etcd_sha256=$etcd_sha"
+# what a user does on a Debian 12 node, after the deployment: jobs in pods and their names,
+# SSH sessions in login pods, another user's pods out of reach, opt-out steps, podnet verify
+export PODNET_SITE_E2E="python -m pytest -q -p no:cacheprovider \
+  $ROOT/tests/e2e/test_jobs.py $ROOT/tests/e2e/test_ssh.py $ROOT/tests/e2e/test_attack_ssh.py \
+  $ROOT/tests/e2e/test_native_artifacts.py $ROOT/tests/e2e/test_verify.py $ROOT/tests/e2e/test_optout.py"
+export PODNET_E2E_LAB=$LAB_NAME
+"$ROOT/tests/site-install/test-existing-slurm.sh"
+echo "site-install: total $((SECONDS - t0)) s"
