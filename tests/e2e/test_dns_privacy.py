@@ -159,8 +159,9 @@ def test_root_on_the_dns_host_sees_every_name(world: dict[str, Any]) -> None:
 
 def test_bob_host_side_processes_learn_nothing_of_alice(world: dict[str, Any]) -> None:
     """bob outside any pod: a process on login's host network (as a cron job of his
-    runs), an opt-out step on c1, and a process of his on ctl, the DNS host itself, over
-    loopback (CoreDNS asks the kernel whose the socket is: bob's, not root's)."""
+    runs: `runuser`, since an SSH session of his is in his login pod), an opt-out step on
+    c1 submitted from his SSH session, and a process of his on ctl, the DNS host itself,
+    over loopback (CoreDNS asks the kernel whose the socket is: bob's, not root's)."""
     w = world
     qs = _alice_queries(w)
     script = "/tmp/e2e-dns-ask.sh"
@@ -169,9 +170,10 @@ def test_bob_host_side_processes_learn_nothing_of_alice(world: dict[str, Any]) -
     _put("ctl", script, _ask(w, qs, "127.0.0.1"))
     runs = {
         "login host network": ssh("login", f"cd /tmp && runuser -u bob -- sh {script}"),
+        # submitted as bob does: from his SSH session (his login pod)
         "opt-out step on c1": ssh(
-            "login",
-            f"cd /tmp && runuser -u bob -- srun --podnet=no -N1 -w c1 -t 2 sh {script}",
+            "bob@login",
+            f"cd /tmp && srun --podnet=no -N1 -w c1 -t 2 sh {script}",
             timeout=180,
         ),
         "bob on ctl (loopback)": ssh("ctl", f"cd /tmp && runuser -u bob -- sh {script}"),

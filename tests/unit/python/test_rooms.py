@@ -333,6 +333,33 @@ def test_the_owner_writes_back_its_pods_changed_dns_and_address_records() -> Non
     assert etcd.data[named].json()["host"] == "198.18.0.200"
 
 
+def test_the_guard_checks_many_pods_in_transactions_etcd_accepts() -> None:
+    """A node of many pods: each read-only check stays within etcd's --max-txn-ops (here
+    8), and a record changed in the last chunk is still found and written back."""
+    nets, etcd, _dp, pods = _nets(linger=0)
+    alloc = nets.alloc
+    jobs = {}
+    for j in range(20, 30):
+        jobs[j] = alloc.allocate_job(j, "alice", 2001, f"s{j}", ["n1"], 5000, 0)
+        ip = jobs[j].ips[0]
+        pods.add(Pod("job", f"pn-j{j}", f"/run/netns/pn-j{j}", ip, 20, "alice", 2001, 5000, j, 0))
+    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j: (jobs[j], 0), lambda: 0)
+    etcd.max_txn_ops = 8
+    sizes: list[int] = []
+    txn = etcd.txn
+
+    def limited(compare: list[Any], success: list[Any], failure: list[Any] | None = None) -> Any:
+        sizes.append(max(len(compare), len(success), len(failure or [])))
+        assert sizes[-1] <= etcd.max_txn_ops, "etcd refuses: too many operations"
+        return txn(compare, success, failure)
+
+    etcd.txn = limited  # type: ignore[method-assign]
+    assert guard.check_once() == 0 and len(sizes) > 1
+    etcd.delete("/skydns/lab/alice/29/pod0")
+    assert guard.check_once() == 1
+    assert etcd.data["/skydns/lab/alice/29/pod0"].json()["host"] == jobs[29].ips[0]
+
+
 # -- pods ----------------------------------------------------------------------------------
 
 

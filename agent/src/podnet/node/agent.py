@@ -38,11 +38,11 @@ from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.egress import ensure_egress_route, set_egress_route
 from podnet.kernel.firewall import Firewall
 from podnet.kernel.pidns import PidNamespaces, PidnsError
-from podnet.names import Keys, job_netns, login_netns
+from podnet.names import Keys, job_label, job_netns, login_netns
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.guard import RecordGuard
-from podnet.node.pods import Pod, PodTable, PodWiring, job_search
+from podnet.node.pods import Pod, PodTable, PodWiring, job_search, search_of
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
@@ -198,34 +198,43 @@ class Agent:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
                 return pod, False
             vni, bri = r.nets.ensure(user, uid)
-            # the allocation travels to etcd while this thread creates the empty netns
-            allocating = self.pool.submit(
-                r.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni, node_index
-            )
+            # a worker makes the empty netns, its veth and the resolv.conf the request's job
+            # name gives (the record's, if it differs) while this thread allocates: the
+            # allocation's round trips to etcd are the longer part
+            search = search_of(job_label(job_name), job_id, user, r.cc.zone)
+            making = self.pool.submit(r.wiring.new_netns, name, bri, search)
             try:
-                ns = r.wiring.new_netns(name, bri)
-            except BaseException:
-                wait([allocating])
-                raise
-            try:
-                job = allocating.result()
+                job = r.alloc.allocate_job(job_id, user, uid, job_name, nodes, vni, node_index)
                 if job.user != user:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
             except BaseException as e:
-                r.dp.discard(ns)
+                wait([making])
+                if making.exception() is None:
+                    r.dp.discard(making.result())
                 if isinstance(e, AllocError):
                     raise PodnetError("EINVAL", str(e)) from None
+                raise
+            # what a restore to an older etcd snapshot needs to keep the pod, written (disk)
+            # while the pod is wired
+            saving = self.pool.submit(r.reconcile.local.save, job, node_index)
+            try:
+                ns = making.result()
+            except BaseException:
+                wait([saving])
+                r.reconcile.local.drop(job_id)
                 raise
             pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
             # the job's allocation wrote this pod's DNS records and marker already
             try:
                 r.wiring.build(pod, job_search(job, r.cc.zone), ns)
             except BaseException:
+                wait([saving])
+                r.reconcile.local.drop(job_id)
                 with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
                     r.alloc.unpublish_pod(job, node_index, self.cfg.node)
                 raise
-            try:  # what a restore to an older etcd snapshot needs to keep the pod
-                r.reconcile.local.save(job, node_index)
+            try:
+                saving.result()
             except OSError as e:
                 log.warning("job %d: cannot keep its record in %s: %s", job_id, self.state, e)
             self.pods.add(pod)

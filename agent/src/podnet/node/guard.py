@@ -6,8 +6,9 @@ refuse is detected and undone by its owner).
 Every node may write the records that allocations share (addresses, DNS records, markers:
 their keys are by address or by user, not by node), so a node with a stolen certificate
 could change or delete those of another node's pods. Every `VERIFY_INTERVAL` seconds the
-owner compares them all with what they must hold, in one read-only transaction (its
-failure branch returns them: no second round trip to find the difference), and writes
+owner compares them all with what they must hold, in read-only transactions of at most
+etcd's --max-txn-ops compares (the failure branch returns them: no second round trip to
+find the difference), and writes
 back the ones that differ: its job pods' address records and DNS records (under the job
 id, the PTR, and under the job name while the job owns it); its login pods' address, DNS
 and PTR records. A write back is guarded by the pod's own record (the job's record as
@@ -94,8 +95,17 @@ class RecordGuard:
         return out
 
     def check_once(self) -> int:
-        """Compare, then write back what differs; returns how many records were."""
+        """Compare, then write back what differs; returns how many records were. One
+        read-only transaction per chunk of records (etcd refuses a transaction of more
+        than its --max-txn-ops compares or reads: a node of many pods needs several)."""
         want = self.expected()
+        # a record takes one compare and one read, its job name at most one more of each
+        size = max(1, int(getattr(self.etcd, "max_txn_ops", 4096)) // 2)
+        done = sum(self._check(want[i : i + size]) for i in range(0, len(want), size))
+        self.restored += done
+        return done
+
+    def _check(self, want: list[tuple[str, str, str | None, str, Any]]) -> int:
         if not want:
             return 0
         names = {n: o for _k, _v, n, o, _a in want if n is not None}
@@ -119,7 +129,6 @@ class RecordGuard:
             if self.etcd.txn(guard, [op_put(key, value)]).succeeded:
                 log.warning("%s was changed or deleted by another writer: written back", key)
                 done += 1
-        self.restored += done
         return done
 
     def run(self, stop: threading.Event) -> None:
