@@ -10,7 +10,8 @@
 #   apptainer_<v>_amd64.deb, containernetworking-plugins_<v>_amd64.deb
 #       from $PODNET_CACHE_DIR/artifacts (agent/artifacts/build-artifacts.sh), named by the
 #       roles' defaults (coredns_artifact_name, ...: what the roles look for)
-#   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (build-wheelhouse.sh)
+#   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (default: the same artifacts
+#       directory; build-wheelhouse.sh)
 #   podnet-native-<version>-<platform>/   the native builds DIR (default: every one of this
 #       version in $PODNET_WHEELHOUSE_DIR; agent/native/build-artifact.sh, one per platform)
 #
@@ -25,12 +26,12 @@ out=${1:?$usage}
 shift
 natives=()
 while [ $# -gt 0 ]; do
-    [ "$1" = --native ] && [ -n "${2:-}" ] || { echo "$usage" >&2; exit 2; }
+    if [ "$1" != --native ] || [ -z "${2:-}" ]; then echo "$usage" >&2; exit 2; fi
     natives+=("$(cd "$2" && pwd)")
     shift 2
 done
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/artifacts
-built=${PODNET_WHEELHOUSE_DIR:-$here/../../build/artifacts}
+built=${PODNET_WHEELHOUSE_DIR:-$cache}
 die() { echo "bundle: $*" >&2; exit 1; }
 
 # role_default ROLE VAR: the value of a default in roles/ROLE/defaults/main.yml, its {{ X }}
