@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import ipaddress
+import os
 from pathlib import Path
 from typing import Any
 
 from conftest import POD_CIDR, Node, sh, wait_for
+from podnet.kernel.dataplane import SPARE_NETNS
 from podnet.kernel.nl import mac_for_ip
 
 
@@ -74,6 +76,22 @@ def test_resolv_conf_searches_job_user_admin(cluster: dict[str, Node]) -> None:
     conf = (n1.dir / "resolv" / pod["name"] / "resolv.conf").read_text()
     assert "search train-run.alice.t 101.alice.t alice.t admin.example" in conf
     assert "nameserver 203.0.113.1" in conf
+
+
+def test_resolv_conf_follows_the_job_record(cluster: dict[str, Node]) -> None:
+    """A node whose request names the job otherwise than the record (written from the
+    first node's request) gets the record's names and search list: podnetd writes the
+    resolv.conf from the request while the record is on its way, and again if they differ."""
+    n1, n2 = cluster["n1"], cluster["n2"]
+    nodes = ["n1", "n2"]
+    job_up(n1, 160, "alice", 2001, "First Name", nodes)
+    p2 = job_up(n2, 160, "alice", 2001, "other name", nodes)
+    assert p2["names"] == ["pod1.first-name.alice.t", "pod1.160.alice.t"]
+    conf = (n2.dir / "resolv" / p2["name"] / "resolv.conf").read_text()
+    assert "search first-name.alice.t 160.alice.t alice.t admin.example" in conf
+    assert "other-name" not in conf
+    for n in (n1, n2):
+        assert n.call("job_down", job_id=160)["released"] is True
 
 
 def test_pod_interface_settings(cluster: dict[str, Node]) -> None:
@@ -171,3 +189,38 @@ def test_unicast_to_a_pod_goes_to_its_node_alone(cluster: dict[str, Node], etcd:
         cluster[n].call("job_down", job_id=170)
     assert wait_for(lambda: unicast_entries() == {}, 10), unicast_entries()
     n1.call("job_down", job_id=171)
+
+
+def test_spare_namespaces_are_empty_and_bounded(cluster: dict[str, Node]) -> None:
+    """podnetd keeps a few network namespaces ready for the next pods (kernel/dataplane.py,
+    SPARE_NETNS): only its fds hold them, they have nothing but `lo` (down), and there are
+    never more than SPARE_NETNS of them, however many pods were made."""
+    n1 = cluster["n1"]
+    nodes = ["n1"]
+    for j in range(170, 170 + SPARE_NETNS + 2):
+        job_up(n1, j, "alice", 2001, "spares", nodes)
+    pid = n1.proc.pid  # nsenter execs podnetd in place
+    own = os.stat(f"/run/netns/{n1.netns}").st_ino
+    pods = {os.stat(p["netns"]).st_ino for p in n1.call("pods")["pods"]}
+
+    def spares() -> list[str]:
+        out = []
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                if not os.readlink(fd).startswith("net:["):
+                    continue
+                ino = os.stat(fd).st_ino
+            except FileNotFoundError:
+                continue  # closed meanwhile
+            if ino != own and ino not in pods:
+                out.append(str(fd))
+        return out
+
+    assert wait_for(lambda: len(spares()) == SPARE_NETNS, 10)
+    for fd in spares():
+        links = sh("nsenter", f"--net={fd}", "ip", "-o", "link", "show", check=False).stdout
+        assert [ln.split(":")[1].strip() for ln in links.splitlines()] == ["lo"], links
+        assert "state DOWN" in links
+    for j in range(170, 170 + SPARE_NETNS + 2):
+        assert n1.call("job_down", job_id=j)["released"] is True
+    assert len(spares()) <= SPARE_NETNS

@@ -4,7 +4,10 @@ by ansible-playbook on this host (connection local) against an artifact director
 a web mirror of it on loopback: the files land where asked with the artifact's bytes and mode,
 the calling role's handler runs when one changed, a second run and a check run change nothing,
 a mirror's file is fetched once however often the play runs, and a damaged, missing or
-unchecked artifact stops the play naming the file, before anything is installed."""
+unchecked artifact stops the play naming the file, before anything is installed. The native
+entry point (the spank and sshd_hooks roles' binaries) picks the build of this host's Debian
+release, architecture and Slurm release (`sinfo --version`, a script on PATH here: the lab's
+e2e suites run the real one)."""
 
 from __future__ import annotations
 
@@ -74,9 +77,10 @@ def play(tmp_path: Path) -> Path:
     return p
 
 
-def run(play: Path, *args: str, ok: bool = True) -> str:
+def run(play: Path, *args: str, ok: bool = True, path: str | None = None) -> str:
     env = {
         **os.environ,
+        "PATH": path or os.environ["PATH"],
         "ANSIBLE_COLLECTIONS_PATH": str(REPO / "build/collections"),
         "ANSIBLE_LOCALHOST_WARNING": "false",
         "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
@@ -233,3 +237,202 @@ def test_an_artifact_with_its_own_url(
     out = run(play, *args, ok=False)
     assert "tool-1.0-linux-amd64: no sha256 for it" in out, out[-3000:]
     assert gets == ["/tool-1.0-linux-amd64"], gets
+
+
+# --- native: the node's build of agent/native ------------------------------------------------
+
+NATIVE_PLAY = """
+- name: Install the native build
+  hosts: localhost
+  connection: local
+  gather_facts: false
+  handlers:
+    - name: Test restart
+      ansible.builtin.copy:
+        content: restarted
+        dest: "{{ node }}/restarted"
+        mode: "0644"
+  tasks:
+    - name: Native
+      ansible.builtin.include_role:
+        name: hpc.podnet._common
+        tasks_from: native
+      vars:
+        _common_native_version: "9.8.7"
+        _common_native_dir: "{{ native_dir | default('') }}"
+        _common_native_build_on_node_var: test_build_on_node
+        _common_native_files:
+          - {name: plugin.so, dest: "{{ node }}/lib/plugin.so", mode: "0644"}
+          - {name: helper, dest: "{{ node }}/bin/helper", mode: "0755", notify: false}
+        _common_notify: [Test restart]
+    - name: Files beside it (a second list of the same play)
+      ansible.builtin.include_role:
+        name: hpc.podnet._common
+        tasks_from: files
+      vars:
+        _common_files:
+          - {src: tool-1.0-linux-amd64, dest: "{{ node }}/bin/tool", mode: "0755", notify: false}
+"""
+
+
+def _release() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip('"')
+    raise AssertionError("no VERSION_CODENAME in /etc/os-release")
+
+
+ARCH = {"x86_64": "amd64", "aarch64": "arm64", "ppc64le": "ppc64el"}.get(
+    os.uname().machine, os.uname().machine
+)
+
+
+def build_name(slurm: str) -> str:
+    return f"podnet-native-9.8.7-{_release()}-{ARCH}-slurm{slurm}"
+
+
+def native_build(base: Path, slurm: str) -> dict[str, bytes]:
+    """A build directory as agent/native/build-artifact.sh writes it (SHA256SUMS, PLATFORM)."""
+    d = base / build_name(slurm)
+    d.mkdir(parents=True)
+    files = {
+        "plugin.so": b"\x7fELF plugin for " + slurm.encode() + os.urandom(512),
+        "helper": b"\x7fELF helper for " + slurm.encode() + os.urandom(512),
+    }
+    for name, data in files.items():
+        (d / name).write_bytes(data)
+    (d / "SHA256SUMS").write_text("".join(f"{sha(data)}  {name}\n" for name, data in files.items()))
+    (d / "PLATFORM").write_text(f"{_release()}-{ARCH}-slurm{slurm}\n")
+    return files
+
+
+@pytest.fixture
+def native(tmp_path: Path) -> tuple[Path, Path, dict[str, dict[str, bytes]]]:
+    """The play, a controller directory with builds for two Slurm releases of this host's
+    platform (and one of another podnet version), and a PATH whose sinfo says 24.11."""
+    play = tmp_path / "play.yml"
+    play.write_text(NATIVE_PLAY)
+    for sub in ("bin", "lib"):
+        (tmp_path / "node" / sub).mkdir(parents=True)
+    builds = tmp_path / "native"
+    got = {v: native_build(builds, v) for v in ("22.05", "24.11")}
+    other = builds / build_name("24.11").replace("9.8.7", "9.8.6")
+    other.mkdir()
+    fakebin = tmp_path / "slurm-bin"
+    fakebin.mkdir()
+    sinfo = fakebin / "sinfo"
+    sinfo.write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
+    sinfo.chmod(0o755)
+    return play, builds, got
+
+
+def with_sinfo(tmp_path: Path) -> str:
+    return f"{tmp_path / 'slurm-bin'}:{os.environ['PATH']}"
+
+
+def test_native_installs_the_build_of_the_node_platform(
+    native: tuple[Path, Path, dict[str, dict[str, bytes]]], artifacts: Path
+) -> None:
+    play, builds, got = native
+    node = play.parent / "node"
+    path = with_sinfo(play.parent)
+    args = ("-e", f"native_dir={builds}", "-e", f"podnet_artifact_dir={artifacts}")
+    out = run(play, "--check", "--diff", *args, path=path)
+    assert changed(out) > 0, out[-3000:]
+    assert not (node / "lib/plugin.so").exists(), "check mode changed the node"
+    run(play, *args, path=path)
+    assert (node / "lib/plugin.so").read_bytes() == got["24.11"]["plugin.so"]
+    assert (node / "bin/helper").read_bytes() == got["24.11"]["helper"]
+    assert oct((node / "bin/helper").stat().st_mode & 0o7777) == "0o755"
+    assert (node / "bin/tool").read_bytes() == TOOL, "the files list beside it was not installed"
+    assert (node / "restarted").exists(), "the handler of a changed file did not run"
+    (node / "restarted").unlink()
+    out = run(play, *args, path=path)
+    assert changed(out) == 0, out[-3000:]
+    out = run(play, "--check", *args, path=path)
+    assert changed(out) == 0, out[-3000:]
+    # the helper changed on the node: put back, without the plugin's handler
+    (node / "bin/helper").write_bytes(b"tampered")
+    out = run(play, *args, path=path)
+    assert changed(out) == 1, out[-3000:]
+    assert not (node / "restarted").exists()
+    # Slurm upgraded to 22.05's build (the other build directory): the plugin follows
+    (play.parent / "slurm-bin/sinfo").write_text("#!/bin/sh\necho 'slurm 22.05.8'\n")
+    run(play, *args, path=path)
+    assert (node / "lib/plugin.so").read_bytes() == got["22.05"]["plugin.so"]
+    assert (node / "restarted").exists()
+
+
+def test_native_refuses_a_missing_or_damaged_build(
+    native: tuple[Path, Path, dict[str, dict[str, bytes]]], artifacts: Path
+) -> None:
+    play, builds, got = native
+    node = play.parent / "node"
+    path = with_sinfo(play.parent)
+    args = ("-e", f"native_dir={builds}", "-e", f"podnet_artifact_dir={artifacts}")
+    (play.parent / "slurm-bin/sinfo").write_text("#!/bin/sh\necho 'slurm 25.05.1'\n")
+    out = run(play, *args, path=path, ok=False)
+    assert "no native build of podnet 9.8.7 for this node" in out, out[-3000:]
+    assert build_name("25.05") in out and "test_build_on_node: true" in out, out[-3000:]
+    assert not any(node.rglob("*.so")) and not (node / "bin/tool").exists()
+    (play.parent / "slurm-bin/sinfo").write_text("#!/bin/sh\necho 'slurm 24.11.5'\n")
+    plugin = builds / build_name("24.11") / "plugin.so"
+    plugin.write_bytes(got["24.11"]["plugin.so"] + b"x")
+    out = run(play, *args, path=path, ok=False)
+    assert f"{plugin}: sha256 " in out and "nothing installed" in out, out[-3000:]
+    assert not (node / "lib/plugin.so").exists() and not (node / "bin/helper").exists()
+    # a real run without sinfo (no Slurm) stops; check mode shows the newest build instead
+    out = run(play, *args, ok=False)
+    assert "sinfo" in out, out[-3000:]
+    plugin.write_bytes(got["24.11"]["plugin.so"])
+    out = run(play, "--check", *args)
+    assert f"showing the binaries of {build_name('24.11')}" in out, out[-3000:]
+    assert changed(out) > 0 and not (node / "lib/plugin.so").exists(), out[-3000:]
+
+
+def test_native_from_the_artifact_source(
+    native: tuple[Path, Path, dict[str, dict[str, bytes]]], artifacts: Path
+) -> None:
+    """No directory of its own: the builds are part of the artifact source, a directory
+    (the build's own SHA256SUMS serves) or a mirror (its SHA256SUMS names each file)."""
+    play, builds, got = native
+    node = play.parent / "node"
+    path = with_sinfo(play.parent)
+    for b in builds.iterdir():
+        b.rename(artifacts / b.name)
+    run(play, "-e", f"podnet_artifact_dir={artifacts}", path=path)
+    assert (node / "lib/plugin.so").read_bytes() == got["24.11"]["plugin.so"]
+    for f in node.rglob("*"):
+        if f.is_file():
+            f.unlink()
+    (artifacts / "SHA256SUMS").write_text(
+        f"{sha(TOOL)}  tool-1.0-linux-amd64\n{sha(PLUGIN)}  plugin-2.0\n"
+        + "".join(
+            f"{sha(data)}  {build_name(v)}/{name}\n"
+            for v, fs in got.items()
+            for name, data in fs.items()
+        )
+    )
+    handler = functools.partial(_Mirror, directory=str(artifacts))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.gets = []  # type: ignore[attr-defined]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        cache = play.parent / "controller-cache"
+        args = ("-e", f"podnet_artifact_url={url}", "-e", f"podnet_artifact_cache_dir={cache}")
+        run(play, *args, path=path)
+        out = run(play, *args, path=path)
+        assert changed(out) == 0, out[-3000:]
+        fetched = sorted(g for g in server.gets if g != "/SHA256SUMS")  # type: ignore[attr-defined]
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert fetched == sorted(
+        [
+            f"/{build_name('24.11')}/helper",
+            f"/{build_name('24.11')}/plugin.so",
+            "/tool-1.0-linux-amd64",
+        ]
+    ), fetched
+    assert (node / "lib/plugin.so").read_bytes() == got["24.11"]["plugin.so"]

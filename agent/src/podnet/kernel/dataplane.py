@@ -18,6 +18,12 @@ an address-less bridge and answers pods from its underlay address.
 
 Teardown removes the netns file; the kernel reaps the veth. The bridge and VXLAN of a
 user are removed with the user's last pod on the node.
+
+Creating a network namespace (unshare) is the dearest step of a pod and needs nothing
+of the request, so a background thread keeps `SPARE_NETNS` of them ready (each held by
+an fd, with its netlink socket and sysctl made): a pod takes one and bind-mounts it on
+its file. Without a spare (a burst, or the first pod) the pod makes its own, as before.
+A spare is empty (`lo` down, no other link) and reachable from nothing but podnetd's fd.
 """
 
 from __future__ import annotations
@@ -53,6 +59,13 @@ class PodSpec:
     gateway_ip: str
 
 
+#: network namespaces kept ready for the next pods (see the module's docstring)
+SPARE_NETNS = 4
+#: a netlink socket (the name `nl` is a method inside Dataplane)
+Socket = nl.Netlink
+#: a spare namespace: an fd that holds it, a netlink socket inside it
+Spare = tuple[int, Socket]
+
 #: MAC of a pod's eth0 until its address is known (the link is down meanwhile)
 PLACEHOLDER_MAC = "02:50:6e:ff:ff:fe"
 
@@ -69,6 +82,8 @@ class NewNetns:
     bridge: int
     #: a container's namespace (`new_netns` with `foreign`): it may outlive the pod
     foreign: bool = False
+    #: (search, servers) of the resolv.conf written already (`prepare_resolv`)
+    resolv: tuple[list[str], list[str]] | None = None
 
 
 class Dataplane:
@@ -93,6 +108,11 @@ class Dataplane:
         self._tls = threading.local()
         self.bridges: dict[int, int] = {}  # vni -> bridge ifindex of users present here
         self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
+        self._spares: list[Spare] = []
+        self._spare_lock = threading.Lock()
+        self._spare_wanted = threading.Event()
+        self._spare_thread: threading.Thread | None = None
+        self._closed = False
         netns.make_shared_dir(self.netns_dir)
         links = nl.links(self.nl())
         if underlay_interface not in links:
@@ -247,18 +267,14 @@ class Dataplane:
         by name on removal) and gets no PID namespace; `netns_fd` (with `foreign`): an
         existing namespace (a runtime's), bound on the pod's file instead of a new one."""
 
-        def inside() -> nl.Netlink:
-            sock = nl.Netlink()
-            # unprivileged ping inside the pod (best effort: read-only /proc/sys/net); in a
-            # fakeroot container too, whose root is a user here
-            with contextlib.suppress(OSError):
-                netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
-            return sock
-
         path = self.netns_path(name)
-        pod_nl = (
-            self.host.create(path, inside) if netns_fd < 0 else _bind(self.host, path, netns_fd)
-        )
+        spare = self._take_spare() if netns_fd < 0 else None
+        if spare is not None:
+            pod_nl = self._bind_spare(path, spare)
+        elif netns_fd < 0:
+            pod_nl = self.host.create(path, _inside_new_netns)
+        else:
+            pod_nl = _bind(self.host, path, netns_fd)
         veth = new_veth_name()
         try:
             if netns_fd >= 0 and _has_link(pod_nl, ifname):
@@ -281,6 +297,64 @@ class Dataplane:
             pod_nl.close()
             self.remove_pod(name, None, veth if foreign else "", pid_namespace=not foreign)
             raise
+
+    def _take_spare(self) -> Spare | None:
+        """A spare namespace, if one is ready; asks the background thread for more."""
+        with self._spare_lock:
+            if self._closed:
+                return None
+            spare = self._spares.pop() if self._spares else None
+            if self._spare_thread is None:
+                self._spare_thread = threading.Thread(
+                    target=self._make_spares, name="spare-netns", daemon=True
+                )
+                self._spare_thread.start()
+        self._spare_wanted.set()
+        return spare
+
+    def _bind_spare(self, path: Path, spare: Spare) -> Socket:
+        """The spare namespace on the pod's file `path`; its socket (the fd is closed)."""
+        fd, sock = spare
+        try:
+            netns.bind_fd(path, fd)
+        except FileExistsError:
+            with self._spare_lock:  # the pod exists: the spare stays one
+                keep = not self._closed
+                if keep:
+                    self._spares.append(spare)
+            if not keep:
+                sock.close()
+                os.close(fd)
+            raise
+        except BaseException:
+            sock.close()
+            os.close(fd)
+            raise
+        os.close(fd)  # the mount holds the namespace now
+        return sock
+
+    def _make_spares(self) -> None:
+        """The background thread: keeps SPARE_NETNS namespaces ready."""
+        while True:
+            self._spare_wanted.wait()
+            self._spare_wanted.clear()
+            while True:
+                with self._spare_lock:
+                    if self._closed:
+                        return
+                    if len(self._spares) >= SPARE_NETNS:
+                        break
+                try:
+                    spare = self.host.spare(_inside_new_netns)
+                except OSError as e:
+                    log.warning("spare network namespace not made: %s", e)
+                    break  # the pods make their own; tried again at the next pod
+                with self._spare_lock:
+                    if self._closed:
+                        spare[1].close()
+                        os.close(spare[0])
+                        return
+                    self._spares.append(spare)
 
     def discard(self, ns: NewNetns) -> None:
         """Undo `new_netns` (the allocation failed); a foreign namespace lives on, without
@@ -310,7 +384,8 @@ class Dataplane:
             self.nl().batch(
                 [nl.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
             )
-            self.write_resolv(spec.name, search, dns_servers)
+            if ns.resolv != (search, dns_servers):
+                self.write_resolv(spec.name, search, dns_servers)
         except BaseException:
             ns.nl.close()
             self.remove_pod(
@@ -319,6 +394,16 @@ class Dataplane:
             raise
         ns.nl.close()
         return ns.veth
+
+    def prepare_resolv(self, ns: NewNetns, search: list[str], servers: list[str]) -> None:
+        """The pod's resolv.conf before its address is known (`wire_pod` then writes it
+        only if it wants other contents); on failure the namespace is discarded."""
+        try:
+            self.write_resolv(ns.name, search, servers)
+        except BaseException:
+            self.discard(ns)
+            raise
+        ns.resolv = (list(search), list(servers))
 
     def write_resolv(self, name: str, search: list[str], servers: list[str]) -> None:
         d = self.resolv_dir / name
@@ -486,9 +571,26 @@ class Dataplane:
             self.nl().batch(chunk)
 
     def close(self) -> None:
+        with self._spare_lock:
+            self._closed = True
+            spares, self._spares = self._spares, []
+        self._spare_wanted.set()
+        for fd, spare in spares:
+            spare.close()
+            os.close(fd)
         sock: nl.Netlink | None = getattr(self._tls, "nl", None)
         if sock is not None:
             sock.close()
+
+
+def _inside_new_netns() -> nl.Netlink:
+    """What a new pod namespace gets, run inside it: its netlink socket, and unprivileged
+    ping (best effort: read-only /proc/sys/net; in a fakeroot container too, whose root is
+    a user here)."""
+    sock = nl.Netlink()
+    with contextlib.suppress(OSError):
+        netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
+    return sock
 
 
 def _has_link(sock: nl.Netlink, name: str) -> bool:
@@ -504,13 +606,7 @@ def _has_link(sock: nl.Netlink, name: str) -> bool:
 def _bind(host: netns.HostNetns, path: Path, fd: int) -> nl.Netlink:
     """Keep the namespace `fd` reachable as `path` (adoption after a restart); a netlink
     socket inside it."""
-    f = os.open(str(path), os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
-    os.close(f)
-    try:
-        netns.mount_bind(f"/proc/self/fd/{fd}", str(path))
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+    netns.bind_fd(path, fd)
     try:
         return host.run_in(path, nl.Netlink)
     except BaseException:

@@ -106,6 +106,20 @@ class HostNetns:
             path.unlink(missing_ok=True)
             raise
 
+    def spare(self, inside: Callable[[], T]) -> tuple[int, T]:
+        """A new netns that has no file yet: (an fd that holds it, `inside()` run in it).
+        `bind_fd` gives it its file later; closing the fd without that frees it."""
+        _check(_libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
+        try:
+            fd = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                return fd, inside()
+            except BaseException:
+                os.close(fd)
+                raise
+        finally:
+            self.back()
+
     def back(self) -> None:
         rc = _libc.setns(self.fd, CLONE_NEWNET)
         if rc != 0:
@@ -124,6 +138,17 @@ class HostNetns:
                 self.back()
         finally:
             os.close(fd)
+
+
+def bind_fd(path: Path, fd: int) -> None:
+    """Give the namespace held by `fd` its file `path` (which must not exist yet)."""
+    f = os.open(str(path), os.O_RDONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o444)
+    os.close(f)
+    try:
+        mount_bind(f"/proc/self/fd/{fd}", str(path))
+    except BaseException:
+        path.unlink(missing_ok=True)
+        raise
 
 
 def remove(path: Path) -> bool:

@@ -21,10 +21,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
-from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
-from pyroute2.netlink.rtnl.ndmsg import ndmsg
-from pyroute2.netlink.rtnl.rtmsg import rtmsg
+from podnet.kernel.pyroute2_lite import ifaddrmsg, ifinfmsg, ndmsg, rtmsg
 
 NETLINK_ROUTE = 0
 NLM_F_REQUEST = 0x1

@@ -27,28 +27,28 @@ import pwd
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, TypeVar
 
 from podnet import __version__
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
-from podnet.kernel.dataplane import Dataplane
+from podnet.kernel.dataplane import Dataplane, NewNetns
 from podnet.kernel.egress import ensure_egress_route, set_egress_route
 from podnet.kernel.firewall import Firewall
 from podnet.kernel.pidns import PidNamespaces, PidnsError
-from podnet.names import Keys, job_netns, login_netns
+from podnet.names import Keys, job_label, job_netns, login_netns
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.guard import RecordGuard
-from podnet.node.pods import Pod, PodTable, PodWiring, job_search
+from podnet.node.pods import Pod, PodTable, PodWiring, job_search, search_of
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
 from podnet.node.stats import Histogram
 from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
-from podnet.state.alloc import Allocator, AllocError, JobRecords
+from podnet.state.alloc import Allocator, AllocError, Job, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
@@ -198,39 +198,75 @@ class Agent:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
                 return pod, False
             vni, bri = r.nets.ensure(user, uid)
-            # the allocation travels to etcd while this thread creates the empty netns
-            allocating = self.pool.submit(
-                r.alloc.allocate_job, job_id, user, uid, job_name, nodes, vni, node_index
-            )
+            # a worker makes the empty netns, its veth and the resolv.conf the request's job
+            # name gives (the record's, if it differs) while this thread allocates: the
+            # allocation's round trips to etcd are the longer part
+            search = search_of(job_label(job_name), job_id, user, r.cc.zone)
+            making = self.pool.submit(r.wiring.new_netns, name, bri, search)
+            # the pods' records under the job name (a last transaction when this node
+            # allocates) go to etcd while the pod is wired
+            later: list[Callable[[], None]] = []
             try:
-                ns = r.wiring.new_netns(name, bri)
-            except BaseException:
-                wait([allocating])
-                raise
-            try:
-                job = allocating.result()
+                job = r.alloc.allocate_job(
+                    job_id, user, uid, job_name, nodes, vni, node_index, later
+                )
                 if job.user != user:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
             except BaseException as e:
-                r.dp.discard(ns)
+                wait([making])
+                if making.exception() is None:
+                    r.dp.discard(making.result())
                 if isinstance(e, AllocError):
                     raise PodnetError("EINVAL", str(e)) from None
                 raise
-            pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
-            # the job's allocation wrote this pod's DNS records and marker already
-            try:
-                r.wiring.build(pod, job_search(job, r.cc.zone), ns)
-            except BaseException:
-                with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-                    r.alloc.unpublish_pod(job, node_index, self.cfg.node)
-                raise
-            try:  # what a restore to an older etcd snapshot needs to keep the pod
-                r.reconcile.local.save(job, node_index)
-            except OSError as e:
-                log.warning("job %d: cannot keep its record in %s: %s", job_id, self.state, e)
+            pod = self._wire_job_pod(job, node_index, name, making, later)
             self.pods.add(pod)
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
         return pod, True
+
+    def _wire_job_pod(
+        self,
+        job: Job,
+        node_index: int,
+        name: str,
+        making: Future[NewNetns],
+        later: list[Callable[[], None]],
+    ) -> Pod:
+        """`_job_up` once the job is allocated: the pod wired into the namespace `making`
+        made, while workers send `later` to etcd and write this node's copy of the record."""
+        r, job_id = self.rooms, job.job_id
+        naming: Future[None] = self.pool.submit(_run_all, later) if later else _done()
+        # what a restore to an older etcd snapshot needs to keep the pod, written (disk)
+        # while the pod is wired
+        saving = self.pool.submit(r.reconcile.local.save, job, node_index)
+        try:
+            ns = making.result()
+        except BaseException:
+            wait([saving, naming])
+            r.reconcile.local.drop(job_id)
+            raise
+        pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
+        # the job's allocation wrote this pod's DNS records and marker already
+        try:
+            r.wiring.build(pod, job_search(job, r.cc.zone), ns)
+        except BaseException:
+            wait([saving, naming])
+            r.reconcile.local.drop(job_id)
+            with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+                r.alloc.unpublish_pod(job, node_index, self.cfg.node)
+            raise
+        try:
+            naming.result()
+        except BaseException:
+            wait([saving])
+            r.reconcile.local.drop(job_id)
+            r.wiring.unbuild(pod)
+            raise
+        try:
+            saving.result()
+        except OSError as e:
+            log.warning("job %d: cannot keep its record in %s: %s", job_id, self.state, e)
+        return pod
 
     def job_down(self, job_id: int) -> bool:
         r = self.rooms
@@ -433,6 +469,17 @@ class Agent:
         self.pool.shutdown(wait=False)
         if self._rooms is not None:
             self._rooms.dp.close()
+
+
+def _run_all(steps: list[Callable[[], None]]) -> None:
+    for run in steps:
+        run()
+
+
+def _done() -> Future[None]:
+    f: Future[None] = Future()
+    f.set_result(None)
+    return f
 
 
 class _Rooms:

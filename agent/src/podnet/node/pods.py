@@ -117,11 +117,12 @@ class Pod:
 
 def job_search(job: Job, zone: str) -> list[str]:
     """A job pod's resolv.conf search list: its job, by label and id, then its user."""
-    return [
-        f"{job.label}.{job.user}.{zone}",
-        f"{job.job_id}.{job.user}.{zone}",
-        f"{job.user}.{zone}",
-    ]
+    return search_of(job.label, job.job_id, job.user, zone)
+
+
+def search_of(label: str, job_id: int, user: str, zone: str) -> list[str]:
+    """`job_search` from what a request says, before the job's record is known."""
+    return [f"{label}.{user}.{zone}", f"{job_id}.{user}.{zone}", f"{user}.{zone}"]
 
 
 class PodTable:
@@ -166,8 +167,14 @@ class PodWiring:
         self.fw = fw
         self.cc = cc
 
-    def new_netns(self, name: str, bridge: int) -> NewNetns:
-        return self.dp.new_netns(name, bridge, self.cc.pod_mtu)
+    def new_netns(self, name: str, bridge: int, search: list[str] | None = None) -> NewNetns:
+        """The pod's namespace and veth; with `search`, its resolv.conf too (`build` writes
+        it again only if the pod's search list turns out otherwise)."""
+        ns = self.dp.new_netns(name, bridge, self.cc.pod_mtu)
+        if search is not None:
+            cc = self.cc
+            self.dp.prepare_resolv(ns, search + cc.search_domains, cc.dns_servers)
+        return ns
 
     def new_container_netns(self, name: str, bridge: int, ifname: str, fd: int) -> NewNetns:
         """A container's: the runtime's namespace `fd` (-1: a new one), interface `ifname`."""

@@ -16,6 +16,7 @@ other nodes take the record from their watch of `jobs/` (`JobRecords`) and send 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import logging
@@ -235,8 +236,13 @@ class Allocator:
         nodes: list[str],
         vni: int,
         node_index: int = 0,
+        defer: list[Callable[[], None]] | None = None,
     ) -> Job:
         """The job's record, allocated once by one of its nodes; idempotent.
+
+        `defer`: the allocating node's last step (its pods' records under the job name,
+        one more transaction) is appended there instead of made; the caller runs it (while
+        it wires its pod) before it relies on those records.
 
         The first node (`node_index` 0) allocates at once (`_allocate`: one transaction
         with the job's addresses, its record and name, and every pod's DNS records and
@@ -251,16 +257,24 @@ class Allocator:
             return _same_job(known, user, nodes)
         me = nodes[node_index]
         if node_index == 0:
-            return self._allocate(job_id, user, uid, name, nodes, vni, me, None)
+            return self._allocate(job_id, user, uid, name, nodes, vni, me, None, defer)
         rank = min(node_index, BACKUPS + 1)
         wait = rank * first_node_grace(len(nodes)) if rank <= BACKUPS else LEADER_WAIT
         existing = self._await_job(job_id, wait)
         if existing is not None:
             return _same_job(existing, user, nodes)
-        return self._take_over(job_id, user, uid, name, nodes, vni, me)
+        return self._take_over(job_id, user, uid, name, nodes, vni, me, defer)
 
     def _take_over(
-        self, job_id: int, user: str, uid: int, name: str, nodes: list[str], vni: int, me: str
+        self,
+        job_id: int,
+        user: str,
+        uid: int,
+        name: str,
+        nodes: list[str],
+        vni: int,
+        me: str,
+        defer: list[Callable[[], None]] | None = None,
     ) -> Job:
         """The job's first node is late: take the job's lock and allocate it, unless
         someone else has (then wait for their record, and take the lock from them after
@@ -276,7 +290,7 @@ class Allocator:
             )
             if r.succeeded:
                 log.info("job %d: its first node is late: %s allocates it", job_id, me)
-                return self._allocate(job_id, user, uid, name, nodes, vni, me, mine)
+                return self._allocate(job_id, user, uid, name, nodes, vni, me, mine, defer)
             got = r.range_kvs(0)
             if got:
                 return _same_job(Job.from_json(got[0].json(), got[0].mod_revision), user, nodes)
@@ -298,6 +312,7 @@ class Allocator:
         vni: int,
         me: str,
         lock: str | None,
+        defer: list[Callable[[], None]] | None = None,
     ) -> Job:
         """All of a job in one transaction: its addresses (each node's from that node's
         blocks, a new block claimed in the same transaction for a node that has no free
@@ -336,12 +351,7 @@ class Allocator:
                 job.revision = r.revision
                 if split:
                     self.etcd.put_many(records)
-                # the records under the job name after the name's old records went (etcd
-                # refuses a put under a range the same transaction deletes), while the
-                # job still owns the name
-                step = max(1, self.etcd.max_txn_ops)
-                for i in range(0, len(named), step):
-                    self._while_name_owner(job, named[i : i + step], [])
+                self._name_records(job, named, None if split else defer)
                 log.debug("job %d: allocated by %s (%d nodes)", job_id, me, len(nodes))
                 return job
             self._release(job.ips, new_blocks)
@@ -353,11 +363,28 @@ class Allocator:
                 existing = self._await_job(job_id, LEADER_WAIT)
                 if existing is not None:
                     return _same_job(existing, user, nodes)
-                return self._take_over(job_id, user, uid, name, nodes, vni, me)
+                return self._take_over(job_id, user, uid, name, nodes, vni, me, defer)
             # lost a race on an IP or a block: refresh the view and retry
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
         raise AllocError(f"could not allocate job {job_id} (contention)")
+
+    def _name_records(
+        self, job: Job, named: list[Any], defer: list[Callable[[], None]] | None
+    ) -> None:
+        """The records under the job name, after the name's old records went (etcd refuses
+        a put under a range the same transaction deletes), while the job still owns the
+        name; appended to `defer` instead if it is a list."""
+        step = max(1, self.etcd.max_txn_ops)
+        steps = [
+            functools.partial(self._while_name_owner, job, named[i : i + step], [])
+            for i in range(0, len(named), step)
+        ]
+        if defer is not None:
+            defer.extend(steps)
+            return
+        for run in steps:
+            run()
 
     def _job_ops(
         self, job: Job, new_blocks: list[tuple[ipaddress.IPv4Network, str]], lock: str | None
