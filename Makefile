@@ -101,7 +101,12 @@ artifacts: deps
 # and SHA256SUMS over all of it; from what `make artifacts` built (tests/release/release.sh).
 RELEASE_VERSION := $(shell sed -n 's/^version: *//p' $(ROOT)/galaxy.yml)
 RELEASE_DIR ?= $(ROOT)/dist/podnet-$(RELEASE_VERSION)
+# Native builds for every supported node platform (docs/install.md: Debian 13 + Slurm 24.11 from
+# `make artifacts`, Debian 12 + Slurm 22.05, Debian 13 + Slurm 26.05 from sid), each from an
+# image of that platform (tests/lab/lab.sh image builds one once, then it is cached).
 release: deps artifacts
+	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_OS=bookworm $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
+	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_SLURM=sid $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 	$(ROOT)/tests/release/release.sh $(RELEASE_DIR)
 
 lab-up: deps artifacts

@@ -7,7 +7,8 @@
 #   bundle.sh OUT [--native DIR]...
 #
 #   coredns-<v>-linux-amd64, flanneld-<v>-linux-amd64, flannel-cni-<v>-linux-amd64,
-#   apptainer_<v>_amd64.deb, containernetworking-plugins_<v>_amd64.deb
+#   apptainer_<v>_amd64.deb, containernetworking-plugins_<v>_amd64.deb,
+#   etcd-v<v>-linux-amd64.tar.gz (the etcd role's artifact method: Debian 12 members)
 #       from $PODNET_CACHE_DIR/artifacts (agent/artifacts/build-artifacts.sh), named by the
 #       roles' defaults (coredns_artifact_name, ...: what the roles look for)
 #   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (default: the same artifacts
@@ -54,6 +55,7 @@ files=(
     "$(role_default flannel flannel_cni_artifact_name)"
     "$(role_default flannel flannel_cni_plugins_artifact_name)"
     "$(role_default apptainer apptainer_artifact_name)"
+    "$(role_default etcd etcd_artifact_name)"
 )
 for f in "${files[@]}"; do
     [ -s "$cache/$f" ] || die "$cache/$f missing: run agent/artifacts/build-artifacts.sh (make artifacts)"

@@ -106,6 +106,7 @@ def test_the_bundle_holds_what_the_roles_install_and_nothing_else(dist: Path) ->
         role_default("flannel", "flannel_cni_artifact_name"),
         role_default("flannel", "flannel_cni_plugins_artifact_name"),
         role_default("apptainer", "apptainer_artifact_name"),
+        role_default("etcd", "etcd_artifact_name"),
     }
     natives = {p.name for p in BUILT.glob(f"podnet-native-{VERSION}-*") if p.is_dir()}
     assert natives, f"no native build in {BUILT} (make artifacts)"
