@@ -33,12 +33,12 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck \
   clang libclang-rt-14-dev
 
-.PHONY: help collection-link collection-tarball deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
+.PHONY: help collection-link collection-tarball release deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
   check check-tests suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2
 
 help:
-	@echo "make lab | lab-down | lab-status | test | check | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
+	@echo "make lab | lab-down | lab-status | test | check | release | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
 
 ## --- dependencies -----------------------------------------------------------
 host-deps: $(CACHE_DIR)/host-deps.stamp
@@ -94,6 +94,14 @@ artifacts: deps
 	$(ROOT)/agent/artifacts/build-artifacts.sh
 	$(ROOT)/agent/artifacts/build-wheelhouse.sh
 	$(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
+
+# What a site installs (docs/install.md): dist/podnet-<version>/ with the collection tarball,
+# the artifact bundle (artifacts/: what the roles install on nodes that stock Debian has not)
+# and SHA256SUMS over all of it; from what `make artifacts` built (tests/release/release.sh).
+RELEASE_VERSION := $(shell sed -n 's/^version: *//p' $(ROOT)/galaxy.yml)
+RELEASE_DIR ?= $(ROOT)/dist/podnet-$(RELEASE_VERSION)
+release: deps artifacts
+	$(ROOT)/tests/release/release.sh $(RELEASE_DIR)
 
 lab-up: deps artifacts
 	$(LAB) up
