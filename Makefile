@@ -213,9 +213,9 @@ suite-site-install:
 # by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
 # one after the other, then the coredns scenario, beside the etcd scenario; then the
 # molecule lab followed by the apptainer scenario beside the day-2 lab followed by the site
-# install (the two sides of a stage take about as long: 2026-11-27 rehearsal H, 40.5 min in
-# all: quick checks + coredns 12 min beside the etcd scenario 11; molecule lab 28 + apptainer
-# 0.5 beside day-2 20, to which the site install adds about 8). The suite-* targets
+# install (the two sides of a stage take about as long: 2026-11-27 rehearsal K, 41.8 min in
+# all: quick checks + coredns 14.5 min beside the etcd scenario 10; molecule lab 28 + apptainer
+# 0.5 beside day-2 19 + the site install 7). The suite-* targets
 # have no prerequisites (built here first, never twice at once); each side runs all its
 # parts and fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
