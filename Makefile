@@ -91,10 +91,15 @@ collection-tarball: deps
 	test -f $(COLLECTION_INSTALLED)/ansible_collections/hpc/podnet/MANIFEST.json
 
 ## --- lab cluster ------------------------------------------------------------
+# Two sides at once (on a fresh machine each waits on the network much of its time): the Go
+# builds and Debian's packages (build-artifacts.sh, its output printed when it ends), beside
+# the wheelhouse, then the node image and the native build in it. Cached, each is a check.
 artifacts: deps
-	$(ROOT)/agent/artifacts/build-artifacts.sh
-	$(ROOT)/agent/artifacts/build-wheelhouse.sh
-	$(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
+	@mkdir -p $(ROOT)/build
+	$(ROOT)/agent/artifacts/build-artifacts.sh >$(ROOT)/build/build-artifacts.log 2>&1 & pid=$$!; rc=0; \
+	  { $(ROOT)/agent/artifacts/build-wheelhouse.sh \
+	    && $(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR); } || rc=1; \
+	  wait $$pid || rc=1; cat $(ROOT)/build/build-artifacts.log; exit $$rc
 
 # What a site installs (docs/install.md): dist/podnet-<version>/ with the collection tarball,
 # the artifact bundle (artifacts/: what the roles install on nodes that stock Debian has not)
