@@ -91,15 +91,19 @@ collection-tarball: deps
 	test -f $(COLLECTION_INSTALLED)/ansible_collections/hpc/podnet/MANIFEST.json
 
 ## --- lab cluster ------------------------------------------------------------
-# Two sides at once (on a fresh machine each waits on the network much of its time): the Go
-# builds and Debian's packages (build-artifacts.sh, its output printed when it ends), beside
-# the wheelhouse, then the node image and the native build in it. Cached, each is a check.
-artifacts: deps
+# Three sides at once (on a fresh machine each waits on the network much of its time): the Go
+# builds and Debian's packages (build-artifacts.sh), the node image, the venv; then the
+# wheelhouse and the native build in the image. The background sides' output is printed when
+# they end. Cached, each is a check. (Listed before deps, it starts the Go builds first.)
+artifacts: host-deps
 	@mkdir -p $(ROOT)/build
-	$(ROOT)/agent/artifacts/build-artifacts.sh >$(ROOT)/build/build-artifacts.log 2>&1 & pid=$$!; rc=0; \
-	  { $(ROOT)/agent/artifacts/build-wheelhouse.sh \
-	    && $(ROOT)/agent/native/build-artifact.sh "$$($(LAB) image)" $(PODNET_WHEELHOUSE_DIR); } || rc=1; \
-	  wait $$pid || rc=1; cat $(ROOT)/build/build-artifacts.log; exit $$rc
+	$(ROOT)/agent/artifacts/build-artifacts.sh >$(ROOT)/build/build-artifacts.log 2>&1 & go=$$!; \
+	  $(LAB) image >$(ROOT)/build/lab-image.path 2>$(ROOT)/build/lab-image.log & image=$$!; rc=0; \
+	  $(MAKE) --no-print-directory deps || rc=1; \
+	  wait $$image || rc=1; cat $(ROOT)/build/lab-image.log; \
+	  [ $$rc != 0 ] || { $(ROOT)/agent/artifacts/build-wheelhouse.sh \
+	    && $(ROOT)/agent/native/build-artifact.sh "$$(cat $(ROOT)/build/lab-image.path)" $(PODNET_WHEELHOUSE_DIR); } \
+	  || rc=1; wait $$go || rc=1; cat $(ROOT)/build/build-artifacts.log; exit $$rc
 
 # What a site installs (docs/install.md): dist/podnet-<version>/ with the collection tarball,
 # the artifact bundle (artifacts/: what the roles install on nodes that stock Debian has not)
@@ -114,7 +118,7 @@ release: deps artifacts
 	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_SLURM=sid $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 	$(ROOT)/tests/release/release.sh $(RELEASE_DIR)
 
-lab-up: deps artifacts
+lab-up: artifacts deps
 	$(LAB) up
 
 lab-deploy: deps
@@ -223,7 +227,7 @@ suite-site-install:
 # The suite-* targets have no prerequisites (built here first, never twice at once); each
 # side runs all its parts and fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
-test: deps artifacts collection-tarball
+test: artifacts deps collection-tarball
 	rm -f $(MOLECULE_E2E_FAILURES)
 	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd-coredns || rc=1; \
 	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2-site || rc=1; \
