@@ -35,7 +35,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
 
 .PHONY: help collection-link collection-tarball release deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
-  check check-tests suite-quick suite-quick-roles suite-roles suite-etcd suite-molecule-roles suite-molecule suite-day2 \
+  check check-tests suite-quick suite-roles suite-etcd-coredns suite-molecule-roles suite-molecule suite-day2 \
   test-site-install suite-site-install suite-day2-site
 
 help:
@@ -210,28 +210,24 @@ suite-site-install:
 	$(call LOCKED,site-install-lab) $(ROOT)/tests/site-install/run.sh
 
 # What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
-# by side (make -j2; -O prints each suite's output whole when it ends): the quick checks,
-# one after the other, then the coredns scenario, beside the etcd scenario; then the
+# by side (make -j2; -O prints each suite's output whole when it ends): the quick checks, one
+# after the other, beside the etcd scenario followed by the coredns scenario; then the
 # molecule lab followed by the apptainer scenario beside the day-2 lab followed by the site
-# install (the two sides of a stage take about as long: 2026-11-27 rehearsal K, 41.8 min in
-# all: quick checks + coredns 14.5 min beside the etcd scenario 10; molecule lab 28 + apptainer
-# 0.5 beside day-2 19 + the site install 7). The suite-* targets
-# have no prerequisites (built here first, never twice at once); each side runs all its
-# parts and fails if one failed.
+# install. The two sides of a stage take about as long (2026-11-27 rehearsal K: quick checks
+# 12.7 min, etcd 10 + coredns 1.8; molecule lab 28 + apptainer 0.5, day-2 19 + site install 7).
+# The suite-* targets have no prerequisites (built here first, never twice at once); each
+# side runs all its parts and fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
 test: deps artifacts collection-tarball
 	rm -f $(MOLECULE_E2E_FAILURES)
-	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick-roles suite-etcd || rc=1; \
+	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd-coredns || rc=1; \
 	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2-site || rc=1; \
 	  if [ $$rc != 0 ] && [ -s $(MOLECULE_E2E_FAILURES) ]; then \
 	    echo "==== make test failed; the molecule lab's failed or skipped e2e tests:"; \
 	    tail -n 150 $(MOLECULE_E2E_FAILURES); fi; \
 	  exit $$rc
-suite-etcd:
-	$(ROOT)/tests/molecule/run-scenarios.sh etcd
-suite-quick-roles:
-	rc=0; $(MAKE) --no-print-directory suite-quick || rc=1; \
-	  $(ROOT)/tests/molecule/run-scenarios.sh coredns || rc=1; exit $$rc
+suite-etcd-coredns:
+	$(ROOT)/tests/molecule/run-scenarios.sh etcd coredns
 suite-day2-site:
 	rc=0; $(MAKE) --no-print-directory suite-day2 || rc=1; \
 	  $(MAKE) --no-print-directory suite-site-install || rc=1; exit $$rc

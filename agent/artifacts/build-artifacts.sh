@@ -82,6 +82,23 @@ build_coredns() {
     echo "coredns: $("$out" -version | tr '\n' ' ')"
 }
 
+# apt_download TMP SUITE SOURCE_OPTIONS PACKAGE...: the packages' amd64 .debs in TMP/deb, by
+# an apt of its own (sources, lists and cache under TMP: the host's apt state is not touched;
+# signatures checked against the host's Debian keyring). SOURCE_OPTIONS ("" or e.g.
+# "[check-valid-until=no]") go in the deb line.
+apt_download() {
+    local tmp=$1 suite=$2 options=${3:+$3 }
+    shift 3
+    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
+    echo "deb ${options}http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
+    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
+               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
+               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
+    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && "${apt[@]}" download "$@" >"$tmp/download.log" 2>&1) \
+        || { cat "$tmp/download.log" >&2; return 1; }
+}
+
 fetch_etcd() {
     (
         flock 9
@@ -97,14 +114,7 @@ fetch_etcd_locked() {
     fi
     tmp=$(mktemp -d "$artifacts/.etcd.XXXXXX")
     trap 'rm -rf "$tmp"' RETURN
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb http://deb.debian.org/debian trixie main" >"$tmp/sources.list"
-    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
-               -o "Debug::NoLocking=1")
-    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
-    (cd "$tmp/deb" && "${apt[@]}" download etcd-server >"$tmp/download.log" 2>&1) \
-        || { cat "$tmp/download.log" >&2; return 1; }
+    apt_download "$tmp" trixie "" etcd-server || return 1
     deb=$(ls "$tmp"/deb/etcd-server_*.deb)
     version=$(dpkg-deb -f "$deb" Version)
     rm -rf "$artifacts/etcd-server-$version"
@@ -136,14 +146,7 @@ fetch_etcd_release_locked() {
     fi
     tmp=$(mktemp -d "$artifacts/.etcdrel.XXXXXX")
     trap 'rm -rf "$tmp"' RETURN
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb http://deb.debian.org/debian trixie main" >"$tmp/sources.list"
-    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
-               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
-    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
-    (cd "$tmp/deb" && "${apt[@]}" download etcd-server etcd-client >"$tmp/download.log" 2>&1) \
-        || { cat "$tmp/download.log" >&2; return 1; }
+    apt_download "$tmp" trixie "" etcd-server etcd-client || return 1
     deb=$(ls "$tmp"/deb/etcd-server_*.deb)
     version=$(dpkg-deb -f "$deb" Version)
     up=${version%%-*}
@@ -281,7 +284,7 @@ fetch_cni_plugins() {
 # fetch_deb SUITE PACKAGE VERSION [SOURCE_OPTIONS]: $artifacts/PACKAGE_VERSION_amd64.deb +
 # .sha256 (isolated apt; SOURCE_OPTIONS such as "[check-valid-until=no]" go in the deb line)
 fetch_deb() {
-    local suite=$1 pkg=$2 version=$3 options=${4:+$4 } deb tmp
+    local suite=$1 pkg=$2 version=$3 options=${4:-} deb tmp
     [ -n "$version" ] || { echo "build-artifacts: no version for $pkg" >&2; return 1; }
     deb=$artifacts/${pkg}_${version}_amd64.deb
     if [ -s "$deb" ] && [ -s "$deb.sha256" ]; then
@@ -290,14 +293,8 @@ fetch_deb() {
     fi
     tmp=$(mktemp -d "$artifacts/.$pkg.XXXXXX")
     trap 'rm -rf "$tmp"' RETURN
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb ${options}http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
-    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
-               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
-    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
-    (cd "$tmp/deb" && "${apt[@]}" download "$pkg=$version" >"$tmp/download.log" 2>&1) \
-        || { cat "$tmp/download.log" >&2; echo "$pkg: $version not in $suite" >&2; return 1; }
+    apt_download "$tmp" "$suite" "$options" "$pkg=$version" \
+        || { echo "$pkg: $version not in $suite" >&2; return 1; }
     mv -f "$tmp"/deb/"${pkg}"_*_amd64.deb "$deb"
     (cd "$artifacts" && sha256sum "$(basename "$deb")" >"$deb.sha256.tmp" && mv -f "$deb.sha256.tmp" "$deb.sha256")
     echo "$pkg: $(basename "$deb") sha256 $(cut -d' ' -f1 "$deb.sha256")"

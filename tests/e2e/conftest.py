@@ -178,6 +178,13 @@ def pod_of(node: str, job: int) -> dict[str, Any]:
     return next(p for p in pods(node) if p.get("job_id") == job)
 
 
+def settle_to_job(user: str, node: str, job: int) -> None:
+    """Wait until `job` is `user`'s only job pod on `node`: an SSH session joins the user's
+    newest job pod there, and pods of jobs that just ended go in their epilog, after srun or
+    `sbatch --wait` return."""
+    wait_for(lambda: all(p.get("job_id") in (None, job) for p in pods(node) if p["user"] == user))
+
+
 def in_pod(node: str, netns: str, cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     """`ip netns exec` (also the pod's resolv.conf) on a node, as root: what an admin sees
     of a pod's network. A user's process in a pod is started as users do: an SSH session

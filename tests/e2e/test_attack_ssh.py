@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import CLUSTER, LAB, in_pod, lab_inventory, pod_of, ssh, wait_for
+from conftest import CLUSTER, LAB, in_pod, lab_inventory, pod_of, settle_to_job, ssh, wait_for
 
 STATE = Path(f"/var/lib/podnet-lab/{LAB}")
 KEY = STATE / "ssh" / "id_ed25519"
@@ -377,6 +377,7 @@ def test_start_up_file_cannot_escape_the_pod(bob: dict[str, str], node: str, rel
 def test_forward_to_own_job_pod_works(jobs: dict[str, int]) -> None:
     """The Jupyter case: `ssh -L 8888:pod0.<job>.alice.<cluster>:8888 login`."""
     pod = pod_of("c1", jobs["alice"])
+    settle_to_job("alice", "c1", jobs["alice"])
     # alice starts it as she does: SSH to c1 puts her in her job's pod there (the bind to
     # that pod's address fails in any other)
     ssh(

@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from conftest import CLUSTER, LAB, REPO, pod_of, pods, ssh, wait_for
+from conftest import CLUSTER, LAB, REPO, pod_of, pods, settle_to_job, ssh, wait_for
 from test_attack_ssh import ssh_cmd
 
 PING = "ping -c 1 -W 2"
@@ -30,11 +30,12 @@ def test_sbatch_salloc_and_srun_from_the_login_pod() -> None:
     assert out.split() == ["c1", "c2"]
     out = ssh("alice@login", "cd /tmp && salloc -N2 -w c1,c2 -t 1 srun hostname | sort").stdout
     assert "c1" in out and "c2" in out
-    job = ssh("alice@login", "cd /tmp && sbatch --parsable -N1 -t 1 --wrap true").stdout.strip()
-    assert job.isdigit()
+    job = ssh("alice@login", "cd /tmp && sbatch --parsable --wait -N1 -t 1 --wrap true").stdout
+    assert job.strip().isdigit(), job
 
 
 def test_ssh_to_compute_joins_the_job_pod(jobs: dict[str, int]) -> None:
+    settle_to_job("alice", "c1", jobs["alice"])
     pod = pod_of("c1", jobs["alice"])
     out = ssh("alice@c1", "ip -br -4 addr show eth0").stdout
     assert pod["ip"] in out
