@@ -57,13 +57,12 @@ export ANSIBLE_PLAYBOOK=$out/ansible-playbook PODNET_PLAYBOOKS=hpc.podnet
 # ships 3.4; its checksum from the bundle's SHA256SUMS)
 export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e podnet_apptainer_enabled=false -e etcd_install_method=artifact"
 # what a user does on a Debian 12 node, after the deployment: jobs in pods, their names and
-# MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify.
-# Not here yet: tests/e2e/test_ssh.py and test_attack_ssh.py (1 of 3 runs on 2026-11-27: an
-# `ssh alice@c1 cmd` into her job pod ended with "Connection closed by remote host", exit 255,
-# after sshd logged the session in the pod: open, docs/development.md "The site install").
+# MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify,
+# SSH sessions into job and login pods and the SSH attacks.
 export PODNET_SITE_E2E="python -m pytest -q -p no:cacheprovider --durations=10 \
   $ROOT/tests/e2e/test_jobs.py $ROOT/tests/e2e/test_native_artifacts.py \
-  $ROOT/tests/e2e/test_verify.py $ROOT/tests/e2e/test_optout.py"
+  $ROOT/tests/e2e/test_verify.py $ROOT/tests/e2e/test_optout.py \
+  $ROOT/tests/e2e/test_ssh.py $ROOT/tests/e2e/test_attack_ssh.py"
 export PODNET_E2E_LAB=$LAB_NAME
 "$ROOT/tests/site-install/test-existing-slurm.sh"
 echo "site-install: total $((SECONDS - t0)) s"
