@@ -18,9 +18,10 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,7 @@ ETCDCTL = os.environ.get("PODNET_TEST_ETCDCTL", "/usr/bin/etcdctl")
 CLIENT_NAMES = ("root", "coredns", "podnetd-n1", "podnetd-n2")
 GATEWAY_NAMES = (*CLIENT_NAMES, "gateway")
 REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
 
 
 def _free_port() -> int:
@@ -366,3 +368,55 @@ def free_port() -> Any:
 @pytest.fixture
 def pki_factory() -> Any:
     return make_pki
+
+
+# -- playbooks against this host ----------------------------------------------------------
+def playbook_env(path: str | None = None) -> dict[str, str]:
+    """The test's environment for ansible-playbook: the checkout's collection (build/collections,
+    `make deps`), no colour, no warnings about the implicit localhost; `path` replaces PATH."""
+    return {
+        **os.environ,
+        "PATH": path or os.environ["PATH"],
+        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "build/collections"),
+        "ANSIBLE_LOCALHOST_WARNING": "false",
+        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
+        "ANSIBLE_NOCOLOR": "1",
+    }
+
+
+@dataclass
+class Playbook:
+    """A playbook in a file, run by ansible-playbook on this host (its plays say `hosts:
+    localhost`, `connection: local`); `args` go on every run (e.g. `-e node=DIR`)."""
+
+    path: Path
+    args: tuple[str, ...] = ()
+
+    def write(self, text: str) -> Playbook:
+        self.path.write_text(text)
+        return self
+
+    def run(self, *args: str, ok: bool = True, path: str | None = None) -> str:
+        """One ansible-playbook run; asserts it succeeded (`ok`) or failed; returns its stdout."""
+        r = subprocess.run(
+            [BIN / "ansible-playbook", self.path, *self.args, *args],
+            env=playbook_env(path),
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert (r.returncode == 0) == ok, r.stdout[-4000:] + r.stderr[-2000:]
+        return r.stdout
+
+
+def changed(out: str) -> int:
+    """The `changed=` count of the (only) host in a run's PLAY RECAP."""
+    recap = out[out.rindex("PLAY RECAP") :]
+    return int(recap.split("changed=")[1].split()[0])
+
+
+@pytest.fixture
+def playbook(tmp_path: Path) -> Callable[[str], Playbook]:
+    """playbook(TEXT): the playbook TEXT written to tmp_path/play.yml, to run."""
+    return lambda text: Playbook(tmp_path / "play.yml").write(text)

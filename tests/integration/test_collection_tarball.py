@@ -14,6 +14,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +44,13 @@ def _build(tmp: Path) -> Path:
     return tarball
 
 
-def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> None:
-    tarball = _build(tmp_path)
+@pytest.fixture(scope="module")
+def tarball(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build for the module's tests (each reads it or installs a copy of its own)."""
+    return _build(tmp_path_factory.mktemp("tarball"))
+
+
+def test_tarball_ships_what_a_site_needs_and_nothing_else(tarball: Path) -> None:
     with tarfile.open(tarball) as tf:
         names = {m.name.rstrip("/") for m in tf.getmembers()}
     top = {n.split("/")[0] for n in names}
@@ -102,8 +108,7 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tmp_path: Path) -> Non
     print(f"tarball: {len(names)} entries, {tarball.stat().st_size} bytes")
 
 
-def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
-    tarball = _build(tmp_path)
+def test_installed_tarball_parses_on_its_own(tarball: Path, tmp_path: Path) -> None:
     dest = tmp_path / "collections"
     env = {
         **os.environ,
@@ -121,7 +126,7 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
     )
     assert (dest / "ansible_collections/hpc/podnet/MANIFEST.json").is_file()
     inv = dest / "ansible_collections/hpc/podnet/inventories/sample/hosts.yml"
-    for pb in (
+    playbooks = [
         "hpc.podnet.site",
         "hpc.podnet.podnet",
         "hpc.podnet.backup",
@@ -131,16 +136,21 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
         "hpc.podnet.upgrade",
         "hpc.podnet.scale",
         "hpc.podnet.certs",
-    ):
-        r = subprocess.run(
-            [BIN / "ansible-playbook", "-i", inv, "--syntax-check", pb],
-            env=env,
-            cwd=tmp_path,  # not the checkout: its ansible.cfg points at .collections
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        assert r.returncode == 0, r.stdout + r.stderr
+    ]
+    # one run parses them all (ansible-playbook takes several; any that does not parse fails it)
+    r = subprocess.run(
+        [BIN / "ansible-playbook", "-i", inv, "--syntax-check", *playbooks],
+        env=env,
+        cwd=tmp_path,  # not the checkout: its ansible.cfg points at .collections
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    # each was read from the installed copy: the syntax check names every playbook it parsed
+    for pb in playbooks:
+        installed = dest / "ansible_collections/hpc/podnet/playbooks" / f"{pb.split('.')[-1]}.yml"
+        assert f"playbook: {installed}" in r.stdout, (pb, r.stdout)
     # tags per role phase and per component, from the installed copy
     r = subprocess.run(
         [BIN / "ansible-playbook", "-i", inv, "--list-tags", "hpc.podnet.site"],
@@ -185,9 +195,8 @@ def test_installed_tarball_parses_on_its_own(tmp_path: Path) -> None:
     assert "Write the systemd unit" in r.stdout and "Install etcd" not in r.stdout, r.stdout
 
 
-def test_installed_wheelhouse_builder_builds(tmp_path: Path) -> None:
+def test_installed_wheelhouse_builder_builds(tarball: Path, tmp_path: Path) -> None:
     """An air-gapped site's step: the wheelhouse from the installed collection alone."""
-    tarball = _build(tmp_path)
     dest = tmp_path / "collections"
     subprocess.run(
         [BIN / "ansible-galaxy", "collection", "install", "--no-deps", "-p", dest, tarball],

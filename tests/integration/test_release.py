@@ -16,6 +16,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -195,10 +196,8 @@ PLAY = """
 """
 
 
-def test_the_roles_install_from_the_bundle(dist: Path, tmp_path: Path) -> None:
+def test_the_roles_install_from_the_bundle(dist: Path, tmp_path: Path, playbook: Any) -> None:
     """No pinned sha256 and no .sha256 beside the files: the bundle's SHA256SUMS is the index."""
-    play = tmp_path / "play.yml"
-    play.write_text(PLAY)
     node = tmp_path / "node"
     node.mkdir()
     names = [
@@ -206,22 +205,7 @@ def test_the_roles_install_from_the_bundle(dist: Path, tmp_path: Path) -> None:
         role_default("flannel", "flannel_artifact_name"),
     ]
     files = [{"src": n, "dest": str(node / n), "mode": "0755"} for n in names]
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "build/collections"),
-        "ANSIBLE_LOCALHOST_WARNING": "false",
-        "ANSIBLE_INVENTORY_UNPARSED_WARNING": "false",
-        "ANSIBLE_NOCOLOR": "1",
-    }
     extra = json.dumps({"podnet_artifact_dir": str(dist / "artifacts"), "files": files})
-    r = subprocess.run(
-        [BIN / "ansible-playbook", play, "-e", extra],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    playbook(PLAY).run("-e", extra)
     for n in names:
         assert sha(node / n) == sha(dist / "artifacts" / n), n
