@@ -396,14 +396,16 @@ class Playbook:
         self.path.write_text(text)
         return self
 
-    def run(self, *args: str, ok: bool = True, path: str | None = None) -> str:
+    def run(
+        self, *args: str, ok: bool = True, path: str | None = None, timeout: float = 600
+    ) -> str:
         """One ansible-playbook run; asserts it succeeded (`ok`) or failed; returns its stdout."""
         r = subprocess.run(
             [BIN / "ansible-playbook", self.path, *self.args, *args],
             env=playbook_env(path),
             capture_output=True,
             text=True,
-            timeout=600,
+            timeout=timeout,
             check=False,
         )
         assert (r.returncode == 0) == ok, r.stdout[-4000:] + r.stderr[-2000:]

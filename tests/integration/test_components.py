@@ -8,15 +8,13 @@ would fail here: no etcd, no artifacts)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import Playbook
 
 REPO = Path(__file__).resolve().parents[2]
-BIN = Path(sys.executable).parent
 
 INVENTORY = """
 all:
@@ -38,21 +36,9 @@ all:
 
 
 def run(inventory: Path, playbook: str, *args: str, ok: bool = True) -> str:
-    env = {
-        **os.environ,
-        "ANSIBLE_COLLECTIONS_PATH": str(REPO / "build/collections"),
-        "ANSIBLE_NOCOLOR": "1",
-    }
-    r = subprocess.run(
-        [BIN / "ansible-playbook", "-i", inventory, REPO / "playbooks" / playbook, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+    return Playbook(REPO / "playbooks" / playbook, ("-i", str(inventory))).run(
+        *args, ok=ok, timeout=300
     )
-    assert (r.returncode == 0) == ok, r.stdout[-4000:] + r.stderr[-2000:]
-    return r.stdout
 
 
 @pytest.mark.parametrize(

@@ -15,11 +15,12 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
+from conftest import Playbook
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -196,7 +197,9 @@ PLAY = """
 """
 
 
-def test_the_roles_install_from_the_bundle(dist: Path, tmp_path: Path, playbook: Any) -> None:
+def test_the_roles_install_from_the_bundle(
+    dist: Path, tmp_path: Path, playbook: Callable[[str], Playbook]
+) -> None:
     """No pinned sha256 and no .sha256 beside the files: the bundle's SHA256SUMS is the index."""
     node = tmp_path / "node"
     node.mkdir()
