@@ -356,7 +356,7 @@ def _run_module(
 
 @pytest.fixture
 def run_module() -> Any:
-    """`ansible localhost -m hpc.podnet.<module>` as a fixture (tests do not import conftest)."""
+    """`ansible localhost -m hpc.podnet.<module>` as a fixture."""
     return _run_module
 
 
