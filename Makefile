@@ -35,8 +35,8 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
 
 .PHONY: help collection-link collection-tarball release deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
   lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
-  check check-tests suite-quick suite-roles suite-etcd-coredns suite-molecule-roles suite-molecule suite-day2 \
-  test-site-install suite-site-install suite-day2-site
+  check check-tests suite-quick suite-roles suite-labs suite-checks-day2 suite-molecule suite-day2 \
+  test-site-install suite-site-install
 
 help:
 	@echo "make lab | lab-down | lab-status | test | check | release | lint | unit | fuzz | integration | test-roles | test-lab-harness | test-agent | test-molecule | bench-agent"
@@ -218,31 +218,31 @@ test-site-install: deps artifacts collection-tarball
 suite-site-install:
 	$(call LOCKED,site-install-lab) $(ROOT)/tests/site-install/run.sh
 
-# What CI runs (.ci/run): the shared prerequisites once, then two stages of two suites side
-# by side (make -j2; -O prints each suite's output whole when it ends): the quick checks, one
-# after the other, beside the etcd scenario followed by the coredns scenario; then the
-# molecule lab followed by the apptainer scenario beside the day-2 lab followed by the site
-# install. The two sides of a stage take about as long (2026-11-27 rehearsal K: quick checks
-# 12.7 min, etcd 10 + coredns 1.8; molecule lab 28 + apptainer 0.5, day-2 19 + site install 7).
-# The suite-* targets have no prerequisites (built here first, never twice at once); each
-# side runs all its parts and fails if one failed.
+# What CI runs (.ci/run): the shared prerequisites once, then two sides of suites side by side
+# (make -j2; -O prints each side's output whole when it ends), each suite after the other on
+# its side: the molecule lab, the site install, the coredns and apptainer scenarios on one;
+# the quick checks, the etcd scenario and the day-2 lab on the other. At most two labs run at
+# once (one a side). The sides take about as long (rehearsal M, 2026-11-27: molecule lab 34 min,
+# site install 10, coredns 2.6, apptainer 1; quick checks 15, etcd 13, day-2 26); two stages
+# of two sides each left up to 8 minutes idle on one side. The suite-* targets have no
+# prerequisites (built here first, never twice at once); each side runs all its suites and
+# fails if one failed.
 # A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
 test: artifacts deps collection-tarball
 	rm -f $(MOLECULE_E2E_FAILURES)
-	rc=0; $(MAKE) --no-print-directory -j2 -O suite-quick suite-etcd-coredns || rc=1; \
-	  [ $$rc != 0 ] || $(MAKE) --no-print-directory -j2 -O suite-molecule-roles suite-day2-site || rc=1; \
+	rc=0; $(MAKE) --no-print-directory -j2 -O suite-labs suite-checks-day2 || rc=1; \
 	  if [ $$rc != 0 ] && [ -s $(MOLECULE_E2E_FAILURES) ]; then \
 	    echo "==== make test failed; the molecule lab's failed or skipped e2e tests:"; \
 	    tail -n 150 $(MOLECULE_E2E_FAILURES); fi; \
 	  exit $$rc
-suite-etcd-coredns:
-	$(ROOT)/tests/molecule/run-scenarios.sh etcd coredns
-suite-day2-site:
-	rc=0; $(MAKE) --no-print-directory suite-day2 || rc=1; \
-	  $(MAKE) --no-print-directory suite-site-install || rc=1; exit $$rc
-suite-molecule-roles:
+suite-labs:
 	rc=0; $(MAKE) --no-print-directory suite-molecule || rc=1; \
-	  $(ROOT)/tests/molecule/run-scenarios.sh apptainer || rc=1; exit $$rc
+	  $(MAKE) --no-print-directory suite-site-install || rc=1; \
+	  $(ROOT)/tests/molecule/run-scenarios.sh coredns apptainer || rc=1; exit $$rc
+suite-checks-day2:
+	rc=0; $(MAKE) --no-print-directory suite-quick || rc=1; \
+	  $(ROOT)/tests/molecule/run-scenarios.sh etcd || rc=1; \
+	  $(MAKE) --no-print-directory suite-day2 || rc=1; exit $$rc
 suite-quick:
 	$(MAKE) --no-print-directory -j1 lint unit integration test-lab-harness test-agent
 

@@ -3,6 +3,6 @@
 
 Layout and import direction: docs/agent.md, "Code layout"."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 #: podnetd's socket (NodeConfig `socket`), where the clients look unless told
 DEFAULT_SOCKET = "/run/podnet/podnetd.sock"
