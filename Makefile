@@ -116,6 +116,7 @@ RELEASE_DIR ?= $(ROOT)/dist/podnet-$(RELEASE_VERSION)
 release: deps artifacts
 	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_OS=bookworm $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_SLURM=sid $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
+	$(ROOT)/agent/artifacts/build-apptainer-deb.sh "$$(LAB_OS=bookworm $(LAB) image)"
 	$(ROOT)/tests/release/release.sh $(RELEASE_DIR)
 
 lab-up: artifacts deps
