@@ -150,6 +150,22 @@ class JobRecords:
             return job
 
 
+@dataclass(frozen=True)
+class _Request:
+    """A node's request for a job's record: `Allocator.allocate_job`'s arguments, `me` the
+    requesting node (the allocating one, if it comes to that), `defer` where the allocating
+    node's last step goes (allocate_job's docstring)."""
+
+    job_id: int
+    user: str
+    uid: int
+    name: str
+    nodes: list[str]
+    vni: int
+    me: str
+    defer: list[Callable[[], None]] | None
+
+
 @dataclass
 class Allocator:
     etcd: Etcd
@@ -256,29 +272,21 @@ class Allocator:
         if known is not None:
             return _same_job(known, user, nodes)
         me = nodes[node_index]
+        req = _Request(job_id, user, uid, name, nodes, vni, me, defer)
         if node_index == 0:
-            return self._allocate(job_id, user, uid, name, nodes, vni, me, None, defer)
+            return self._allocate(req, None)
         rank = min(node_index, BACKUPS + 1)
         wait = rank * first_node_grace(len(nodes)) if rank <= BACKUPS else LEADER_WAIT
         existing = self._await_job(job_id, wait)
         if existing is not None:
             return _same_job(existing, user, nodes)
-        return self._take_over(job_id, user, uid, name, nodes, vni, me, defer)
+        return self._take_over(req)
 
-    def _take_over(
-        self,
-        job_id: int,
-        user: str,
-        uid: int,
-        name: str,
-        nodes: list[str],
-        vni: int,
-        me: str,
-        defer: list[Callable[[], None]] | None = None,
-    ) -> Job:
+    def _take_over(self, req: _Request) -> Job:
         """The job's first node is late: take the job's lock and allocate it, unless
         someone else has (then wait for their record, and take the lock from them after
         `LEADER_WAIT`)."""
+        job_id, user, nodes, me = req.job_id, req.user, req.nodes, req.me
         job_key, lock = self.keys.job(job_id), self.keys.job_lock(job_id)
         mine = store.json_dumps({"node": me, "at": time.time()})
         guard = [cmp_absent(lock)]
@@ -290,7 +298,7 @@ class Allocator:
             )
             if r.succeeded:
                 log.info("job %d: its first node is late: %s allocates it", job_id, me)
-                return self._allocate(job_id, user, uid, name, nodes, vni, me, mine, defer)
+                return self._allocate(req, mine)
             got = r.range_kvs(0)
             if got:
                 return _same_job(Job.from_json(got[0].json(), got[0].mod_revision), user, nodes)
@@ -302,18 +310,7 @@ class Allocator:
             guard = [store.cmp_mod(lock, held[0].mod_revision)] if held else [cmp_absent(lock)]
         raise AllocError(f"could not allocate job {job_id} (contention)")
 
-    def _allocate(
-        self,
-        job_id: int,
-        user: str,
-        uid: int,
-        name: str,
-        nodes: list[str],
-        vni: int,
-        me: str,
-        lock: str | None,
-        defer: list[Callable[[], None]] | None = None,
-    ) -> Job:
+    def _allocate(self, req: _Request, lock: str | None) -> Job:
         """All of a job in one transaction: its addresses (each node's from that node's
         blocks, a new block claimed in the same transaction for a node that has no free
         address), the job record, the job name (newest job wins: the previous owner's name
@@ -322,6 +319,7 @@ class Allocator:
         (absent, or `lock`: ours). When it loses because the job exists, its failure
         branch returns the job (one round trip either way). Too large for the server's
         `--max-txn-ops`: the records and markers follow in transactions of their own."""
+        job_id, user, name, nodes = req.job_id, req.user, req.name, req.nodes
         job_key = self.keys.job(job_id)
         for attempt in range(MAX_ATTEMPTS):
             if attempt:
@@ -329,7 +327,15 @@ class Allocator:
                 if existing:
                     return _same_job(existing, user, nodes)
             job = Job(
-                job_id, user, uid, name, job_label(name), list(nodes), [], vni, created=time.time()
+                job_id,
+                user,
+                req.uid,
+                name,
+                job_label(name),
+                list(nodes),
+                [],
+                req.vni,
+                created=time.time(),
             )
             new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
             job.ips = self._pick_ips(nodes, new_blocks)
@@ -351,8 +357,8 @@ class Allocator:
                 job.revision = r.revision
                 if split:
                     self.etcd.put_many(records)
-                self._name_records(job, named, None if split else defer)
-                log.debug("job %d: allocated by %s (%d nodes)", job_id, me, len(nodes))
+                self._name_records(job, named, None if split else req.defer)
+                log.debug("job %d: allocated by %s (%d nodes)", job_id, req.me, len(nodes))
                 return job
             self._release(job.ips, new_blocks)
             got = r.range_kvs(0)
@@ -363,7 +369,7 @@ class Allocator:
                 existing = self._await_job(job_id, LEADER_WAIT)
                 if existing is not None:
                     return _same_job(existing, user, nodes)
-                return self._take_over(job_id, user, uid, name, nodes, vni, me, defer)
+                return self._take_over(req)
             # lost a race on an IP or a block: refresh the view and retry
             self.load_view()
             time.sleep(min(0.01 * (attempt + 1), 0.2))
