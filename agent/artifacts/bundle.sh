@@ -11,6 +11,8 @@
 #   etcd-v<v>-linux-amd64.tar.gz (the etcd role's artifact method: Debian 12 members)
 #       from $PODNET_CACHE_DIR/artifacts (agent/artifacts/build-artifacts.sh), named by the
 #       roles' defaults (coredns_artifact_name, ...: what the roles look for)
+#   apptainer_<v>+podnet1~deb12_amd64.deb (apptainer_bookworm_artifact_name: Debian 12 nodes)
+#       when it was built (agent/artifacts/build-apptainer-deb.sh: make release, the site lane)
 #   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (default: the same artifacts
 #       directory; build-wheelhouse.sh)
 #   podnet-native-<version>-<platform>/   the native builds DIR (default: every one of this
@@ -57,6 +59,12 @@ files=(
     "$(role_default apptainer apptainer_artifact_name)"
     "$(role_default etcd etcd_artifact_name)"
 )
+# built on demand, not by make artifacts: in the bundle when built (with its .sha256)
+f=$(role_default apptainer apptainer_bookworm_artifact_name)
+if [ -s "$cache/$f" ] && [ -s "$cache/$f.sha256" ]; then
+    (cd "$cache" && sha256sum --quiet -c "$f.sha256") || die "$cache/$f: does not match its .sha256"
+    files+=("$f")
+fi
 for f in "${files[@]}"; do
     [ -s "$cache/$f" ] || die "$cache/$f missing: run agent/artifacts/build-artifacts.sh (make artifacts)"
 done

@@ -8,12 +8,12 @@
 #     no checkout, no ansible.cfg, no make (tests/site-install/controller.sh);
 #   - the nodes take everything that is not in their Debian mirror from the release's artifact
 #     bundle (agent/artifacts/bundle.sh, podnet_artifact_dir): CoreDNS, Flannel, etcd, the
-#     wheelhouse, and the native build for Debian 12 + Slurm 22.05, built here from the nodes'
-#     image;
+#     wheelhouse, the native build for Debian 12 + Slurm 22.05 and Apptainer for Debian 12
+#     (agent/artifacts/build-apptainer-deb.sh: built once, then cached by its inputs), built
+#     here from the nodes' image;
 #   - Slurm is the site's (tests/site-install/site-slurm.yml, slurm_manage: false):
 #     test-existing-slurm.sh checks the refusal without PrologFlags=Contain, the deployment,
 #     the e2e tests below as the lab's users, and reset.yml giving /etc/slurm back unchanged.
-# Apptainer stays off (podnet_apptainer_enabled: false): it has no build for Debian 12.
 # PODNET_SITE_KEEP=1 keeps the lab up; PODNET_SITE_LAB / PODNET_SITE_SUBNET move it.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -28,6 +28,8 @@ LAB=$ROOT/tests/lab/lab.sh
 t0=$SECONDS
 down() { [ "${PODNET_SITE_KEEP:-0}" = 1 ] || "$LAB" down; }
 trap down EXIT
+# Apptainer for Debian 12, before the lab is up: ~15 min the first time (Go, on 2 cores), then cached
+"$ROOT/agent/artifacts/build-apptainer-deb.sh" "$("$LAB" image)"
 "$LAB" down >/dev/null 2>&1 || true
 "$LAB" up
 echo "site-install: lab up in $((SECONDS - t0)) s"
@@ -53,16 +55,18 @@ chmod +x "$out/ansible-playbook"
 "$out/ansible-playbook" --version | head -n 1
 
 export ANSIBLE_PLAYBOOK=$out/ansible-playbook PODNET_PLAYBOOKS=hpc.podnet
-# Debian 12: no Apptainer package; etcd 3.5 from the bundle's release tarball (Debian 12
-# ships 3.4; its checksum from the bundle's SHA256SUMS)
-export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e podnet_apptainer_enabled=false -e etcd_install_method=artifact"
+# Debian 12: Apptainer from the bundle (podnet's Debian 12 build); etcd 3.5 from the bundle's
+# release tarball (Debian 12 ships 3.4; its checksum from the bundle's SHA256SUMS)
+export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_method=artifact"
 # what a user does on a Debian 12 node, after the deployment: jobs in pods, their names and
 # MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify,
-# SSH sessions into job and login pods and the SSH attacks.
+# SSH sessions into job and login pods and the SSH attacks, containers in pods (Apptainer) and
+# steps in container images.
 export PODNET_SITE_E2E="python -m pytest -q -p no:cacheprovider --durations=10 \
   $ROOT/tests/e2e/test_jobs.py $ROOT/tests/e2e/test_native_artifacts.py \
   $ROOT/tests/e2e/test_verify.py $ROOT/tests/e2e/test_optout.py \
   $ROOT/tests/e2e/test_ssh.py $ROOT/tests/e2e/test_attack_ssh.py \
+  $ROOT/tests/e2e/test_apptainer.py $ROOT/tests/e2e/test_images.py \
   --deselect tests/e2e/test_jobs.py::test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected"
 # deselected on Debian 12 (open): with podnetd stopped on c1, Slurm 22.05's srun printed "task 0
 # launch failed: Slurmd could not connect IO" and exited 0 in 1 of 4 lane runs (2026-11-27)
