@@ -6,12 +6,17 @@
 #      preflight naming the setting; /etc/slurm on every node is as it was, nothing deployed;
 #   2. with it: site.yml deploys, adds its include block to the site's plugstack.conf (and the
 #      plugstack.conf.d the site does not have), a job runs in its pod;
-#   3. reset.yml: /etc/slurm on every node is byte for byte what the site had, Slurm runs jobs.
+#   3. with an installed collection (PODNET_PLAYBOOKS=hpc.podnet): the upgrade to the same tree
+#      built again with its version bumped, over a URL mirror, with a job running (upgrade.sh;
+#      the next release is built by build-next.sh in the background from the start);
+#   4. reset.yml: /etc/slurm on every node is byte for byte what the site had, Slurm runs jobs.
 # Prints "existing-slurm: N passed, N failed". ANSIBLE_PLAYBOOK (default ansible-playbook),
 # PODNET_PLAYBOOKS (default this checkout's playbooks/; hpc.podnet for an installed collection:
 # then playbooks are named hpc.podnet.<name>) and PODNET_SITE_ARGS (extra ansible-playbook
 # arguments, e.g. -e podnet_artifact_dir=...) choose the controller side. PODNET_SITE_E2E: a
 # command (e.g. pytest of tests/e2e files) run after the deployment, before reset.
+# PODNET_SITE_CONTROLLER: the controller of step 3 (controller.sh's DIR; default run.sh's);
+# PODNET_SITE_UPGRADE=0 leaves step 3 out.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$here/../.." && pwd)
@@ -42,6 +47,15 @@ etc_slurm() {   # every file and directory of /etc/slurm on every node: type, mo
 }
 site_slurm() { ansible-playbook -i "$inv" "$here/site-slurm.yml" --limit "$limit" "$@" >>"$out/site-slurm.log" 2>&1; }
 common=(-i "$inv" --limit "$limit" -e slurm_manage=false "${extra[@]}")
+controller=${PODNET_SITE_CONTROLLER:-$ROOT/build/site-install/controller}
+next=$ROOT/build/site-install/next
+builder=
+if [ "${PODNET_SITE_UPGRADE:-1}" != 0 ] && [ "$books" = hpc.podnet ]; then
+    # the next release, built meanwhile (under a minute: the Go artifacts are cached)
+    "$here/build-next.sh" "$next" "$("$lab" image)" >"$out/next-build.log" 2>&1 &
+    builder=$!
+    trap '[ -z "$builder" ] || kill "$builder" 2>/dev/null || true' EXIT
+fi
 
 # 1. a setting podnet needs is missing: a clear error, nothing written
 site_slurm -e site_slurm_prolog_flags=
@@ -79,7 +93,26 @@ if [ -n "${PODNET_SITE_E2E:-}" ]; then   # the e2e tests a site's users would no
     else ko "e2e" "$(grep -E '^(FAILED|ERROR)' "$out/2-e2e.log" | head -20; tail -n 1 "$out/2-e2e.log")"; fi
 fi
 
-# 3. reset: the site's Slurm as the site left it
+# 3. the upgrade to the next release, over a URL mirror, with a job running
+if [ -n "$builder" ]; then
+    t3=$SECONDS
+    if wait "$builder"; then
+        builder=
+        echo "existing-slurm: $(tail -n 1 "$out/next-build.log"), waited $((SECONDS - t3)) s for it"
+        rc=0
+        "$here/upgrade.sh" "$next" "$controller" >"$out/3-upgrade.txt" 2>&1 || rc=$?
+        grep -E '^(PASS|FAIL|upgrade:) ' "$out/3-upgrade.txt" || true
+        passed=$((passed + $(grep -c '^PASS ' "$out/3-upgrade.txt" || true)))
+        failed=$((failed + $(grep -c '^FAIL ' "$out/3-upgrade.txt" || true)))
+        if [ "$rc" != 0 ] && ! grep -q '^FAIL ' "$out/3-upgrade.txt"; then ko "upgrade.sh" "exited $rc: $(tail -n 5 "$out/3-upgrade.txt")"; fi
+    else
+        builder=
+        ko "the next release builds (build-next.sh)" "$(tail -n 20 "$out/next-build.log")"
+    fi
+    echo "existing-slurm: upgrade step $((SECONDS - t3)) s"
+fi
+
+# 4. reset: the site's Slurm as the site left it
 if "$playbook" "${common[@]}" "$(book reset)" -e podnet_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"
 else ko "reset.yml" "$(grep -m3 -A8 'fatal:' "$out/3-reset.log")"; fi
 etc_slurm >"$out/3-after.txt"
