@@ -44,12 +44,13 @@ tarball=$(find "$ROOT/build/dist" -maxdepth 1 -name 'hpc-podnet-*.tar.gz' | sort
 "$ROOT/tests/site-install/controller.sh" "$CORE" "$out/controller" "$tarball"
 
 # ansible-playbook as the site's controller runs it: its venv, its collections, a clean
-# environment, outside the checkout (no ansible.cfg of ours)
+# environment, outside the checkout (no ansible.cfg of ours); SSH pipelining on, as
+# docs/install.md advises a site (one SSH round trip a task instead of several)
 cat >"$out/ansible-playbook" <<EOF
 #!/bin/sh
 cd "$out/controller" && exec env -i PATH="$out/controller/venv/bin:/usr/bin:/bin" HOME="\${HOME:-/root}" \\
   LANG=C.UTF-8 ANSIBLE_COLLECTIONS_PATH="$out/controller/collections" ANSIBLE_HOST_KEY_CHECKING=False \\
-  ansible-playbook "\$@"
+  ANSIBLE_PIPELINING=True ansible-playbook "\$@"
 EOF
 chmod +x "$out/ansible-playbook"
 "$out/ansible-playbook" --version | head -n 1
