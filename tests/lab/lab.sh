@@ -369,6 +369,51 @@ kill_orphan() {   # kill_orphan NODE: SIGKILL a container whose nspawn is gone
     done
 }
 is_mounted() { mountpoint -q "$1"; }
+# Each node boots in a cgroup of its own, podnet-lab/<LAB_NAME>-<node> of the host's cgroup v2
+# hierarchy: nspawn (--keep-unit, no scope of its own) puts the container into "payload" below
+# the cgroup it starts in, and unshares a cgroup namespace there, so each node sees its own
+# root (its own /sys/fs/cgroup/unified in systemd's hybrid layout). Started from the host's
+# root cgroup instead, every node of every lab shared one ("/payload"): one node's shutdown
+# (its systemd removes the empty cgroups it sees) removed what another node had made there,
+# e.g. podnetd's podnet-stepd. In the hybrid layout nspawn makes the same cgroups in the
+# name=systemd hierarchy too: down removes the node's cgroup from both.
+LAB_CGROUP_DIR=podnet-lab
+cgroup_v2_mount() { awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts; }
+cgroup_mounts() {   # the hierarchies where nspawn makes the nodes' cgroups
+    awk '$3 == "cgroup2" || ($3 == "cgroup" && $4 ~ /(^|,)name=systemd(,|$)/) { print $2 }' /proc/self/mounts
+}
+node_cgroup() { echo "$LAB_CGROUP_DIR/$LAB_NAME-$1"; }
+cgroup_lock() { exec 7>"$LOCK_DIR/podnet-lab-cgroup.lock"; flock 7; }   # podnet-lab/ is shared
+cgroup_make() {   # cgroup_make NODE: the node's (empty) cgroup in the cgroup v2 hierarchy
+    local v2
+    v2=$(cgroup_v2_mount)
+    [ -n "$v2" ] || { say "$1: warning: no cgroup v2 hierarchy; the node shares the host's cgroups"; return 0; }
+    cgroup_remove "$1" || die "$1: its cgroup $(node_cgroup "$1") still has processes"
+    ( cgroup_lock; mkdir -p "$v2/$(node_cgroup "$1")" )
+}
+cgroup_enter() {   # cgroup_enter NODE: moves this shell into the node's cgroup (if made)
+    local v2
+    v2=$(cgroup_v2_mount)
+    [ -n "$v2" ] && [ -d "$v2/$(node_cgroup "$1")" ] || return 0
+    echo "$BASHPID" >"$v2/$(node_cgroup "$1")/cgroup.procs"
+}
+cgroup_remove() {   # cgroup_remove NODE|GLOB: depth-first, in every hierarchy; the node is gone
+    local h d i rc=0
+    while read -r h; do
+        for d in "$h/$LAB_CGROUP_DIR/$LAB_NAME-"$1; do
+            [ -d "$d" ] || continue
+            # a container's last processes may still be leaving their cgroups
+            for i in $(seq 50); do
+                find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
+                [ -d "$d" ] || break
+                sleep 0.1
+            done
+            if [ -d "$d" ]; then say "warning: cannot remove cgroup $d (processes left?)"; rc=1; fi
+        done
+        ( cgroup_lock; rmdir "$h/$LAB_CGROUP_DIR" 2>/dev/null || true )   # the last lab's
+    done < <(cgroup_mounts)
+    return "$rc"
+}
 write_node_files() {   # write_node_files NODE IP ROOT (the merged tree)
     local node=$1 ip=$2 root=$3 n u name uid home
     printf '%s\n' "$node" >"$root/etc/hostname"
@@ -460,6 +505,7 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
     is_mounted "$root" || mount -t overlay "$LAB_NAME-$node" \
         -o "lowerdir=$BASE/rootfs,upperdir=$nd/upper,workdir=$nd/work" "$root"
     write_node_files "$node" "$ip" "$root"
+    cgroup_make "$node"
     local extra=() net=(--network-bridge="$BR") xport=""
     read -r -a extra <<<"$LAB_NSPAWN_ARGS"
     if is_ext "$node"; then
@@ -468,10 +514,13 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
         xport=$(ext_port "$node")
         net+=(--network-veth-extra="$xport:ext0")
     fi
-    setsid systemd-nspawn --quiet --boot --register=no --keep-unit --console=passive \
-        --link-journal=no --resolv-conf=off --timezone=off "${extra[@]}" \
-        "${net[@]}" -M "$LAB_NAME-$node" -D "$root" \
-        </dev/null >"$nd/console.log" 2>&1 8>&- &
+    # (the subshell joins the node's cgroup and becomes nspawn: $! is nspawn's pid)
+    (
+        cgroup_enter "$node"
+        exec setsid systemd-nspawn --quiet --boot --register=no --keep-unit --console=passive \
+            --link-journal=no --resolv-conf=off --timezone=off "${extra[@]}" \
+            "${net[@]}" -M "$LAB_NAME-$node" -D "$root"
+    ) </dev/null >"$nd/console.log" 2>&1 8>&- &
     pid=$!
     echo "$pid" >"$nd/pid"
     if [ -n "$xport" ]; then
@@ -696,6 +745,7 @@ cmd_down() {
             fi
         done
     fi
+    cgroup_remove '*' || true   # every node's, also of nodes no longer in LAB_NODES
     if ip link show dev "$BR" >/dev/null 2>&1; then ip link del "$BR"; fi
     if ip link show dev "$BX" >/dev/null 2>&1; then ip link del "$BX"; fi
     if nft list table inet "$NFT_TABLE" >/dev/null 2>&1; then nft delete table inet "$NFT_TABLE"; fi

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # Self-test of the lab harness on a throwaway lab of its own (never pnlab):
 # up, SSH as root and as the lab users, per-node identity, idempotent re-up,
-# recovery from a SIGKILLed nspawn, and a down that leaves nothing behind.
+# recovery from a SIGKILLed nspawn, a cgroup hierarchy of its own for each node, and a
+# down that leaves nothing behind (no cgroup either, even of an orphaned node).
 #   tests/lab/test-lab.sh      (prints "lab: N passed, N failed")
 # Env: TEST_LAB_NAME (pnlt), TEST_LAB_SUBNET (203.0.113.240/28: small-test
 #      range, so it never competes with labs on 198.51.100.0/24).
@@ -77,6 +78,34 @@ if "$lab" up >/dev/null; then ok "re-up with nodes running"; else ko "re-up with
 check "re-up kept the nodes' nspawn and init processes" "$before" "$(procs)"
 check "c1 answers after re-up" "c1" "$("$lab" ssh c1 hostname)"
 
+# each node has a cgroup v2 hierarchy of its own (a cgroup namespace rooted in the lab's
+# cgroup for it): what c1 makes there (podnetd's podnet-stepd, tests/e2e/test_optout.py) is
+# not ctl's, and ctl's shutdown (its systemd removes every empty cgroup it sees) leaves it be
+v2=$(awk '$3 == "cgroup2" { print $2; exit }' /proc/self/mounts)
+if [ -z "$v2" ]; then
+    ko "node cgroups" "no cgroup2 mount on this host"
+else
+    rel=${v2#/sys/fs/cgroup}   # "" (cgroup v2 alone) or /unified (systemd's hybrid layout)
+    probe=/sys/fs/cgroup$rel/pnlt-probe
+    c1_init=$(awk '{ print $1 }' "$state/nodes/c1/init")
+    check "c1's cgroup on the host: the lab's own" "/podnet-lab/$LAB_NAME-c1/" \
+        "$(sed -n 's/^0:://p' "/proc/$c1_init/cgroup" | grep -o "^/podnet-lab/$LAB_NAME-c1/")"
+    check "c1 is at the root of its own hierarchy" "0::/init.scope" "$("$lab" ssh c1 'grep ^0:: /proc/1/cgroup')"
+    "$lab" ssh c1 "rmdir $probe 2>/dev/null; mkdir $probe"
+    check "a cgroup made on c1 is not on ctl" "absent" \
+        "$("$lab" ssh ctl "[ -d $probe ] && echo present || echo absent")"
+    "$lab" ssh ctl 'systemctl poweroff' >/dev/null 2>&1 || true
+    ctl_pid=$(<"$state/nodes/ctl/pid")
+    for _ in $(seq 300); do kill -0 "$ctl_pid" 2>/dev/null || break; sleep 0.1; done
+    check "ctl shut down (its nspawn exited)" "exited" \
+        "$(kill -0 "$ctl_pid" 2>/dev/null && echo running || echo exited)"
+    check "ctl's shutdown left c1's cgroup be" "present" \
+        "$("$lab" ssh c1 "[ -d $probe ] && echo present || echo absent")"
+    "$lab" ssh c1 "rmdir $probe 2>/dev/null" || true
+    if "$lab" up >/dev/null 2>&1; then ok "up after ctl's shutdown"; else ko "up after ctl's shutdown"; fi
+    check "ctl answers after its restart" "ctl" "$("$lab" ssh ctl hostname 2>&1)"
+fi
+
 pid=$(<"$state/nodes/c1/pid")
 old_init=$(awk '{ print $1 }' "$state/nodes/c1/init")
 kill -KILL "$pid"
@@ -86,13 +115,17 @@ check "the orphaned container of the killed nspawn is gone" "gone" \
     "$(if [ -n "$old_init" ] && kill -0 "$old_init" 2>/dev/null; then echo "alive ($old_init)"; else echo gone; fi)"
 
 pids=$(cat "$state"/nodes/*/pid "$state"/nodes/*/init 2>/dev/null | awk '{ print $1 }' | tr '\n' ' ')
-if "$lab" down >/dev/null; then ok "down"; else ko "down"; fi
+kill -KILL "$(<"$state/nodes/c1/pid")"   # down finds c1's container orphaned, as up did above
+if "$lab" down >/dev/null; then ok "down (c1's nspawn killed before)"; else ko "down"; fi
 alive=""
 for p in $pids; do kill -0 "$p" 2>/dev/null && alive+="$p "; done
 check "down: no process left" "" "$alive"
 check "down: no bridge" "" "$(ip -o link show dev "${LAB_NAME}br0" 2>/dev/null)"
 check "down: no nft table" "0" "$(nft list tables | grep -cx "table inet ${LAB_NAME}_host" || true)"
 check "down: no mount" "0" "$(grep -c "/var/lib/podnet-lab/$LAB_NAME/" /proc/mounts || true)"
+check "down: no cgroup of the lab's left" "" \
+    "$(awk '$3 == "cgroup2" || ($3 == "cgroup" && $4 ~ /name=systemd/) { print $2 }' /proc/self/mounts |
+       while read -r h; do ls -d "$h/podnet-lab/$LAB_NAME"-* 2>/dev/null; done)"
 check "down: no state dir" "absent" "$([ -e "$state" ] && echo present || echo absent)"
 
 echo "lab: $passed passed, $failed failed"
