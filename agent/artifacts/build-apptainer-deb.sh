@@ -33,6 +33,8 @@
 # Debian source's .dsc, the libseccomp-dev .deb, the rootfs, go version, this script).
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=agent/artifacts/lib.sh
+. "$here/lib.sh"
 rootfs=${1:?usage: build-apptainer-deb.sh ROOTFS}
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
 artifacts=$cache/artifacts
@@ -52,16 +54,7 @@ upstream=${version%-*}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/podnet-apptainer.XXXXXX")
 trap 'rm -rf --one-file-system "$work"' EXIT
-if [ -d "$rootfs" ]; then
-    root=$rootfs
-else
-    root=$work/rootfs
-    mkdir -p "$root"
-    case "$rootfs" in
-        *.zst) tar -C "$root" --numeric-owner -I zstd -xpf "$rootfs" ;;
-        *) tar -C "$root" --numeric-owner -xpf "$rootfs" ;;
-    esac
-fi
+root=$(rootfs_dir "$rootfs" "$work")
 release=$(sed -n 's/^VERSION_CODENAME=//p' "$root/etc/os-release" | tr -d '"')
 major=$(sed -n 's/^VERSION_ID=//p' "$root/etc/os-release" | tr -d '"')
 if [ -z "$release" ] || [ -z "$major" ]; then
@@ -70,20 +63,10 @@ fi
 pkgversion=$version+podnet1~deb$major
 out=$artifacts/apptainer_${pkgversion}_amd64.deb
 
-# apt_get DIR SOURCES_LINE ARGS...: an apt of its own under DIR (the host's apt state untouched)
-apt_get() {
-    local dir=$1 line=$2
-    shift 2
-    mkdir -p "$dir/lists/partial" "$dir/cache/archives/partial"
-    echo "$line" >"$dir/sources.list"
-    apt-get -q -o "Dir::Etc::SourceList=$dir/sources.list" -o "Dir::Etc::SourceParts=$dir/none" \
-        -o "Dir::State::Lists=$dir/lists" -o "Dir::Cache=$dir/cache" -o "APT::Sandbox::User=root" \
-        -o "Debug::NoLocking=1" -o "APT::Architecture=amd64" "$@"
-}
 # the Debian source package (sid's Release may be past Valid-Until between archive updates)
 mkdir -p "$work/src"
 srcline="deb-src [check-valid-until=no] http://deb.debian.org/debian sid main"
-{ apt_get "$work/apt-src" "$srcline" update && (cd "$work/src" && apt_get "$work/apt-src" "$srcline" \
+{ apt_private "$work/apt-src" "$srcline" update && (cd "$work/src" && apt_private "$work/apt-src" "$srcline" \
     source --download-only "apptainer=$version"); } >"$work/apt-src.log" 2>&1 \
     || { cat "$work/apt-src.log" >&2; die "apptainer $version: no such source package in sid"; }
 # the release's libseccomp-dev (libseccomp2 of the same version is in every Debian rootfs) and
@@ -92,15 +75,13 @@ mkdir -p "$work/debs"
 debline="deb http://deb.debian.org/debian $release main"
 seccomp=$(dpkg-query --admindir="$root/var/lib/dpkg" -W -f='${Version}' libseccomp2 2>/dev/null) \
     || die "$rootfs: libseccomp2 is not installed"
-{ apt_get "$work/apt-deb" "$debline" update && (cd "$work/debs" && apt_get "$work/apt-deb" "$debline" \
+{ apt_private "$work/apt-deb" "$debline" update && (cd "$work/debs" && apt_private "$work/apt-deb" "$debline" \
     download "libseccomp-dev=$seccomp" pkg-config pkgconf pkgconf-bin libpkgconf3); } >"$work/apt-deb.log" 2>&1 \
     || { cat "$work/apt-deb.log" >&2; die "libseccomp-dev $seccomp: not in $release"; }
 
 echo "apptainer ($release): rootfs and Debian packages ready after $((SECONDS - t0)) s"
-rootfs_id=$( if [ -d "$rootfs" ]; then stat -c '%n %Y' "$rootfs/var/lib/dpkg/status"
-             else stat -c '%n %s %Y' "$rootfs"; fi )
 inputs=$( { cat "$work/src/apptainer_$version.dsc"; sha256sum "$work"/debs/*.deb | cut -d' ' -f1
-            echo "$rootfs_id"; go version; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
+            rootfs_id "$rootfs"; go version; cat "${BASH_SOURCE[0]}" "$here/lib.sh"; } | sha256sum | cut -c1-16)
 exec 9>"$artifacts/.apptainer-deb.lock"
 flock 9
 if [ -s "$out" ] && [ -s "$out.sha256" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$inputs" ]; then

@@ -29,6 +29,8 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=agent/artifacts/lib.sh
+. "$here/lib.sh"
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}
 artifacts=$cache/artifacts
 export PATH=/usr/local/go/bin:$PATH
@@ -87,15 +89,11 @@ build_coredns() {
 # signatures checked against the host's Debian keyring). SOURCE_OPTIONS ("" or e.g.
 # "[check-valid-until=no]") go in the deb line.
 apt_download() {
-    local tmp=$1 suite=$2 options=${3:+$3 }
+    local tmp=$1 line="deb ${3:+$3 }http://deb.debian.org/debian $2 main"
     shift 3
-    mkdir -p "$tmp/lists/partial" "$tmp/cache/archives/partial" "$tmp/deb"
-    echo "deb ${options}http://deb.debian.org/debian $suite main" >"$tmp/sources.list"
-    local apt=(apt-get -q -o "Dir::Etc::SourceList=$tmp/sources.list" -o "Dir::Etc::SourceParts=$tmp/none"
-               -o "Dir::State::Lists=$tmp/lists" -o "Dir::Cache=$tmp/cache" -o "APT::Sandbox::User=root"
-               -o "Debug::NoLocking=1" -o "APT::Architecture=amd64")
-    "${apt[@]}" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
-    (cd "$tmp/deb" && "${apt[@]}" download "$@" >"$tmp/download.log" 2>&1) \
+    mkdir -p "$tmp/deb"
+    apt_private "$tmp" "$line" update >"$tmp/update.log" 2>&1 || { cat "$tmp/update.log" >&2; return 1; }
+    (cd "$tmp/deb" && apt_private "$tmp" "$line" download "$@" >"$tmp/download.log" 2>&1) \
         || { cat "$tmp/download.log" >&2; return 1; }
 }
 

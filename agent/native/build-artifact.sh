@@ -15,6 +15,9 @@
 # Skipped when that directory exists and was built from the same sources and rootfs.
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+lib=$here/../artifacts/lib.sh
+# shellcheck source=agent/artifacts/lib.sh
+. "$lib"
 rootfs=${1:?usage: build-artifact.sh ROOTFS OUTBASE}
 outbase=${2:?usage: build-artifact.sh ROOTFS OUTBASE}
 die() { echo "build-artifact: $*" >&2; exit 1; }
@@ -26,23 +29,12 @@ version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$here/../pyproject.toml" | head
 [ -n "$version" ] || die "no version in agent/pyproject.toml"
 # the library and program sources (not the unit tests and fuzz targets)
 mapfile -t sources < <(cd "$here" && ls Makefile ./*.c ./*.h)
-rootfs_id=$( if [ -d "$rootfs" ]; then stat -c '%n %Y' "$rootfs/var/lib/dpkg/status"
-             else stat -c '%n %s %Y' "$rootfs"; fi )
-inputs=$( { (cd "$here" && cat "${sources[@]}"); echo "$rootfs_id"; cat "${BASH_SOURCE[0]}"; } \
+inputs=$( { (cd "$here" && cat "${sources[@]}"); rootfs_id "$rootfs"; cat "${BASH_SOURCE[0]}" "$lib"; } \
           | sha256sum | cut -c1-16)
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/podnet-native.XXXXXX")
 trap 'rm -rf --one-file-system "$work"' EXIT
-if [ -d "$rootfs" ]; then
-    root=$rootfs
-else
-    root=$work/rootfs
-    mkdir -p "$root"
-    case "$rootfs" in
-        *.zst) tar -C "$root" --numeric-owner -I zstd -xpf "$rootfs" ;;
-        *) tar -C "$root" --numeric-owner -xpf "$rootfs" ;;
-    esac
-fi
+root=$(rootfs_dir "$rootfs" "$work")
 # shellcheck disable=SC2016  # dpkg-query's own ${field} syntax
 dpkgq() { dpkg-query --admindir="$root/var/lib/dpkg" -W -f="\${$1}" "$2" 2>/dev/null; }
 release=$(sed -n 's/^VERSION_CODENAME=//p' "$root/etc/os-release" | tr -d '"')
