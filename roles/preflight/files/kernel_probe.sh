@@ -24,14 +24,26 @@ report() {
 		echo "$feature missing $(echo "$out" | tr '\n' ' ')"
 	fi
 }
-nf_tables_fallback() {
-	# No nft command: look for the module (loaded, built in or loadable).
-	rel=$(uname -r)
-	grep -qs '^nf_tables ' /proc/modules && return 0
-	[ -d /sys/module/nf_tables ] && return 0
-	grep -qs '/nf_tables.ko' "/lib/modules/$rel/modules.builtin" "/lib/modules/$rel/modules.dep" && return 0
-	echo "nft is not installed and no nf_tables module was found (install nftables to probe)"
-	return 1
+nf_tables_netlink() {
+	# No nft command yet (podnet installs nftables after preflight): ask nf_tables for its
+	# generation over netlink, with the python3 Ansible runs on (the kernel loads the module
+	# when it is not loaded yet, as for nft)
+	python3 - <<'PY'
+import socket
+import struct
+import sys
+
+try:
+    s = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 12)  # NETLINK_NETFILTER
+    # nlmsghdr (NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_GETGEN, NLM_F_REQUEST | NLM_F_ACK), nfgenmsg
+    s.send(struct.pack("=IHHII", 20, (10 << 8) | 16, 1 | 4, 1, 0) + struct.pack("=BBH", 0, 0, 0))
+    data = s.recv(65536)
+except OSError as e:
+    sys.exit(f"no nfnetlink: {e}")
+err = struct.unpack_from("=i", data, 16)[0] if len(data) >= 20 else 0
+if struct.unpack_from("=H", data, 4)[0] == 2 and err != 0:  # NLMSG_ERROR
+    sys.exit(f"nf_tables does not answer (errno {-err})")
+PY
 }
 for feature in "$@"; do
 	case $feature in
@@ -42,7 +54,7 @@ for feature in "$@"; do
 		if command -v nft >/dev/null 2>&1; then
 			report nf_tables nft add table inet pfprobe
 		else
-			report nf_tables nf_tables_fallback
+			report nf_tables nf_tables_netlink
 		fi ;;
 	*) echo "$feature missing unknown feature (the probe knows veth, bridge, vxlan, nf_tables)" ;;
 	esac
