@@ -117,6 +117,8 @@ release: deps artifacts
 	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_OS=bookworm $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 	$(ROOT)/agent/native/build-artifact.sh "$$(LAB_SLURM=sid $(LAB) image)" $(PODNET_WHEELHOUSE_DIR)
 	$(ROOT)/agent/artifacts/build-apptainer-deb.sh "$$(LAB_OS=bookworm $(LAB) image)"
+	$(ROOT)/agent/artifacts/build-debian-packages.sh bookworm
+	$(ROOT)/agent/artifacts/build-debian-packages.sh trixie
 	$(ROOT)/tests/release/release.sh $(RELEASE_DIR)
 
 lab-up: artifacts deps

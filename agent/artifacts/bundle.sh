@@ -13,6 +13,9 @@
 #       roles' defaults (coredns_artifact_name, ...: what the roles look for)
 #   apptainer_<v>+podnet1~deb12_amd64.deb (apptainer_bookworm_artifact_name: Debian 12 nodes)
 #       when it was built (agent/artifacts/build-apptainer-deb.sh: make release, the site lane)
+#   podnet-debs-bookworm.tar, podnet-debs-trixie.tar (air-gapped nodes: the stock Debian
+#       packages the roles install, podnet_package_source: bundle) when they were built
+#       (agent/artifacts/build-debian-packages.sh: make release, the site lane)
 #   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (default: the same artifacts
 #       directory; build-wheelhouse.sh)
 #   podnet-native-<version>-<platform>/   the native builds DIR (default: every one of this
@@ -60,11 +63,12 @@ files=(
     "$(role_default etcd etcd_artifact_name)"
 )
 # built on demand, not by make artifacts: in the bundle when built (with its .sha256)
-f=$(role_default apptainer apptainer_bookworm_artifact_name)
-if [ -s "$cache/$f" ] && [ -s "$cache/$f.sha256" ]; then
-    (cd "$cache" && sha256sum --quiet -c "$f.sha256") || die "$cache/$f: does not match its .sha256"
-    files+=("$f")
-fi
+for f in "$(role_default apptainer apptainer_bookworm_artifact_name)" podnet-debs-bookworm.tar podnet-debs-trixie.tar; do
+    if [ -s "$cache/$f" ] && [ -s "$cache/$f.sha256" ]; then
+        (cd "$cache" && sha256sum --quiet -c "$f.sha256") || die "$cache/$f: does not match its .sha256"
+        files+=("$f")
+    fi
+done
 for f in "${files[@]}"; do
     [ -s "$cache/$f" ] || die "$cache/$f missing: run agent/artifacts/build-artifacts.sh (make artifacts)"
 done

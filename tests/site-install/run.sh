@@ -6,6 +6,8 @@
 #     the LOWEST ansible-core podnet supports (meta/runtime.yml; the molecule lab runs the
 #     highest, the dev venv's), the collection installed from its tarball with ansible-galaxy,
 #     no checkout, no ansible.cfg, no make (tests/site-install/controller.sh);
+#   - the nodes have no apt source (air-gapped): stock Debian packages come from the bundle's
+#     archive of them (podnet_package_source: bundle; agent/artifacts/build-debian-packages.sh);
 #   - the nodes take everything that is not in their Debian mirror from the release's artifact
 #     bundle (agent/artifacts/bundle.sh, podnet_artifact_dir): CoreDNS, Flannel, etcd, the
 #     wheelhouse, the native build for Debian 12 + Slurm 22.05 and Apptainer for Debian 12
@@ -30,9 +32,23 @@ down() { [ "${PODNET_SITE_KEEP:-0}" = 1 ] || "$LAB" down; }
 trap down EXIT
 # Apptainer for Debian 12, before the lab is up: ~15 min the first time (Go, on 2 cores), then cached
 "$ROOT/agent/artifacts/build-apptainer-deb.sh" "$("$LAB" image)"
+# the stock Debian packages of air-gapped Debian 12 nodes (a few seconds; cached by their inputs)
+"$ROOT/agent/artifacts/build-debian-packages.sh" bookworm
 "$LAB" down >/dev/null 2>&1 || true
 "$LAB" up
 echo "site-install: lab up in $((SECONDS - t0)) s"
+# air-gapped nodes (podnet_package_source: bundle): no apt source at all, and the packages podnet
+# installs that the image has are purged, so the deployment can only take them from the bundle's
+# archive; test-existing-slurm.sh checks they came back from it
+# (every podnet node's: the agent's and Ansible's apt module's; compute and login nodes' too:
+# what Apptainer and Flannel need)
+export PODNET_SITE_AIRGAP_PACKAGES="python3-venv python3.11-venv python3-nftables nftables libnftables1 python3-apt"
+export PODNET_SITE_AIRGAP_POD_PACKAGES="containernetworking-plugins squashfs-tools uidmap"
+# shellcheck source=/dev/null
+for n in $(. "/var/lib/podnet-lab/$LAB_NAME/lab.env" && echo "$LAB_NODES"); do
+    "$LAB" ssh "$n" "rm -rf /etc/apt/sources.list /etc/apt/sources.list.d/* /var/lib/apt/lists/* && apt-get -q clean \
+        && DEBIAN_FRONTEND=noninteractive dpkg --purge $PODNET_SITE_AIRGAP_PACKAGES $PODNET_SITE_AIRGAP_POD_PACKAGES >/dev/null"
+done
 
 # the release a site downloads: the collection tarball and the artifact directory
 tarball=$(find "$ROOT/build/dist" -maxdepth 1 -name 'hpc-podnet-*.tar.gz' | sort | tail -n 1)
@@ -57,8 +73,9 @@ chmod +x "$out/ansible-playbook"
 
 export ANSIBLE_PLAYBOOK=$out/ansible-playbook PODNET_PLAYBOOKS=hpc.podnet
 # Debian 12: Apptainer from the bundle (podnet's Debian 12 build); etcd 3.5 from the bundle's
-# release tarball (Debian 12 ships 3.4; its checksum from the bundle's SHA256SUMS)
-export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_method=artifact"
+# release tarball (Debian 12 ships 3.4; its checksum from the bundle's SHA256SUMS); the stock
+# Debian packages from the bundle's archive (the nodes have no apt source)
+export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_method=artifact -e podnet_package_source=bundle"
 # what a user does on a Debian 12 node, after the deployment: jobs in pods, their names and
 # MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify,
 # SSH sessions into job and login pods and the SSH attacks, containers in pods (Apptainer) and

@@ -80,6 +80,20 @@ site_slurm
 etc_slurm >"$out/2-before.txt"
 if "$playbook" "${common[@]}" "$(book site)" >"$out/2-site.log" 2>&1; then ok "site.yml on the site's Slurm"
 else ko "site.yml on the site's Slurm" "$(grep -m3 -A8 'fatal:' "$out/2-site.log")"; fi
+if [ -n "${PODNET_SITE_AIRGAP_PACKAGES:-}" ]; then   # air-gapped nodes (run.sh): from the bundle's archive
+    bad=
+    for n in $nodes; do
+        # ctl (Slurm's controller, etcd, DNS) has neither Apptainer nor Flannel
+        want=$PODNET_SITE_AIRGAP_PACKAGES
+        [ "$n" = ctl ] || want="$want ${PODNET_SITE_AIRGAP_POD_PACKAGES:-}"
+        got=$("$lab" ssh "$n" "ls -A /etc/apt/sources.list.d; ls /etc/apt/sources.list 2>&1 | grep -v 'No such'; \
+            dpkg-query -W -f='\${db:Status-Abbrev}\${Package}\n' $want | grep -v '^ii ' ; \
+            apt-cache policy nftables | grep -q 'file:/var/cache/podnet/debian ./' || echo 'nftables not from the archive'" 2>&1)
+        [ "$got" = podnet.list ] || bad="$bad $n: $(tr '\n' ' ' <<<"$got")"
+    done
+    if [ -z "$bad" ]; then ok "air-gapped nodes: the purged packages came back from the bundle's archive, the only apt source"
+    else ko "air-gapped nodes install from the bundle's archive" "$bad"; fi
+fi
 c1_plugstack=$("$lab" ssh c1 cat /etc/slurm/plugstack.conf)
 if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
         && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack"; then
@@ -116,6 +130,10 @@ fi
 if "$playbook" "${common[@]}" "$(book reset)" -e podnet_confirm=yes >"$out/3-reset.log" 2>&1; then ok "reset.yml"
 else ko "reset.yml" "$(grep -m3 -A8 'fatal:' "$out/3-reset.log")"; fi
 etc_slurm >"$out/3-after.txt"
+if [ -n "${PODNET_SITE_AIRGAP_PACKAGES:-}" ]; then
+    left=$(for n in $nodes; do "$lab" ssh "$n" 'find /etc/apt/sources.list.d -mindepth 1; ls -d /var/cache/podnet 2>/dev/null; true' | sed "s/^/$n:/"; done)
+    if [ -z "$left" ]; then ok "reset removes the bundle's apt source and archive"; else ko "reset removes the bundle's apt source" "$left"; fi
+fi
 if diff -u "$out/2-before.txt" "$out/3-after.txt" >"$out/3-diff.txt"; then ok "reset leaves /etc/slurm as the site had it"
 else ko "reset leaves /etc/slurm as the site had it" "$(head -30 "$out/3-diff.txt")"; fi
 job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 hostname" 2>&1 | sort | tr '\n' ' ')
