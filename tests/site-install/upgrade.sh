@@ -6,8 +6,8 @@
 #      web server as a site's artifact mirror, and its collection tarball installed on the
 #      site's controller (ansible-galaxy collection install --offline --force);
 #   2. a job of alice's runs (submitted from her SSH session on the login node) while
-#      hpc.podnet.upgrade runs with -e podnet_artifact_url=<the mirror> (and agent_wheelhouse at
-#      the new bundle's wheelhouse on the controller: the agent role has no URL path yet);
+#      hpc.podnet.upgrade runs with -e podnet_artifact_url=<the mirror> (every artifact from it:
+#      the wheelhouse too, and the archive of Debian packages of the air-gapped nodes);
 #   3. the job still runs in the same pods, which still answer by name; every podnet node runs
 #      the new podnetd (its socket says so), the new wheel, the new native build's files; a new
 #      job gets its pods and names;
@@ -74,9 +74,6 @@ url=http://127.0.0.1:$port
 # the controller's cache and backups in the lane's output (an admin's default: ~/.cache, ~/.podnet)
 cache=$out/controller-cache
 args+=(-e "podnet_artifact_url=$url" -e "podnet_artifact_cache_dir=$cache" -e "podnet_backup_dir=$out/backups")
-# the agent role takes its wheelhouse from a controller directory only (agent_wheelhouse; no
-# podnet_artifact_url path yet): the new release's, as an admin points it at
-args+=(-e "agent_wheelhouse=$next/dist/artifacts/podnet-wheelhouse-$version")
 # SSH pipelining, as a site sets it in its ansible.cfg (the controller has none): one SSH
 # round trip per task instead of four; the upgrade's 430 tasks took 390 s without it
 args+=(-e ansible_pipelining=true)
