@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: etcd_key
 short_description: Read, write or delete etcd keys (v3 API, TLS client certificates)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Writes a key to etcd when its value differs, or deletes a key or a key prefix, through
     etcd's v3 JSON gateway. M(hpc.podnet.etcd_key_info) reads keys.

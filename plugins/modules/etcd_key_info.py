@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: etcd_key_info
 short_description: Read etcd keys (v3 API, TLS client certificates)
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Reads one key, or every key under a prefix, through etcd's v3 JSON gateway.
   - Never changes anything; a missing key is not an error (RV(exists=false)).

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: etcd_member
 short_description: Add, update, promote or remove etcd cluster members
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Makes sure a member with the given name and peer URLs is (or is not) part of an etcd
     cluster, through etcd's v3 JSON gateway (C(/v3/cluster/member/...)).

@@ -10,7 +10,7 @@ DOCUMENTATION = r"""
 ---
 module: gateway_policy
 short_description: Write the podnet gateways' global and per-user egress and publish policy to etcd
-version_added: 0.1.0
+version_added: 0.2.0
 description:
   - Validates a global policy and per-user policies and stores them under
     C(/podnet/<cluster>/gateway/policy/) in etcd (C(global), C(users/<user>)), where

@@ -229,7 +229,7 @@ def stepd_cgroup(fs: Path = CGROUP_FS) -> str:
 class StepdCgroup:
     """STEPD_CGROUP as the ruleset names it. nft resolves the path to the cgroup's id when
     the rules load: a cgroup removed and made again (systemd's shutdown removes every empty
-    cgroup it finds; the lab's nodes share one hierarchy) is another cgroup, which the
+    cgroup it finds, an admin's rmdir) is another cgroup, which the
     loaded rule no longer matches. `moved()` tells when the rules must load again."""
 
     def __init__(self, fs: Path = CGROUP_FS) -> None:
