@@ -110,11 +110,16 @@ def test_the_bundle_holds_what_the_roles_install_and_nothing_else(dist: Path) ->
         role_default("apptainer", "apptainer_artifact_name"),
         role_default("etcd", "etcd_artifact_name"),
     }
-    # Apptainer for Debian 12: built on demand (agent/artifacts/build-apptainer-deb.sh, by make
-    # release and the site lane, not by make artifacts), in the bundle exactly when it was built
-    bookworm = role_default("apptainer", "apptainer_bookworm_artifact_name")
-    if (CACHE / f"{bookworm}.sha256").is_file():
-        single.add(bookworm)
+    # Apptainer for Debian 12 and the Debian packages of air-gapped nodes: built on demand
+    # (agent/artifacts/build-apptainer-deb.sh, build-debian-packages.sh: by make release and the
+    # site lane, not by make artifacts), in the bundle exactly when they were built
+    for name in (
+        role_default("apptainer", "apptainer_bookworm_artifact_name"),
+        "podnet-debs-bookworm.tar",
+        "podnet-debs-trixie.tar",
+    ):
+        if (CACHE / f"{name}.sha256").is_file():
+            single.add(name)
     natives = {p.name for p in BUILT.glob(f"podnet-native-{VERSION}-*") if p.is_dir()}
     assert natives, f"no native build in {BUILT} (make artifacts)"
     wheelhouse = f"podnet-wheelhouse-{role_default('agent', 'agent_version')}"
