@@ -63,18 +63,13 @@ print("\n".join(sorted(names)))
 PY
 ) || die "cannot read the package lists of the roles' defaults (python3 with PyYAML: make deps)"
 # the bundle's own .debs for this release, whose dependencies come from the archive
-role_default() {   # the value of a one-line default, {{ X }} references in the same file resolved
-    local v ref
-    v=$(sed -n "s/^$2: *//p" "$roles/$1/defaults/main.yml" | head -n 1 | sed -E 's/^"(.*)"$/\1/')
-    while [[ $v =~ \{\{\ *([a-z0-9_]+)\ *\}\} ]]; do
-        ref=$(role_default "$1" "${BASH_REMATCH[1]}")
-        v=${v//"${BASH_REMATCH[0]}"/$ref}
-    done
-    printf '%s\n' "$v"
-}
+# shellcheck source=agent/artifacts/role_default.sh
+. "$here/role_default.sh"
 if [ "$release" = bookworm ]; then app=$(role_default apptainer apptainer_bookworm_artifact_name)
 else app=$(role_default apptainer apptainer_artifact_name); fi
 cni=$artifacts/$(role_default flannel flannel_cni_plugins_artifact_name)
+# apt resolves the Apptainer .deb's dependencies from the archive; the CNI .deb is only
+# checked to exist and hashed into the inputs (its package, as RELEASE has it, is named below)
 local_debs=("$artifacts/$app" "$cni")
 for d in "${local_debs[@]}"; do
     [ -s "$d" ] || die "$d missing: make artifacts (bookworm's Apptainer: agent/artifacts/build-apptainer-deb.sh)"

@@ -40,18 +40,8 @@ cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/artifacts
 built=${PODNET_WHEELHOUSE_DIR:-$cache}
 die() { echo "bundle: $*" >&2; exit 1; }
 
-# role_default ROLE VAR: the value of a default in roles/ROLE/defaults/main.yml, its {{ X }}
-# references to other defaults of the same file resolved (coredns-{{ coredns_version }}-...)
-role_default() {
-    local v ref
-    v=$(sed -n "s/^$2: *//p" "$roles/$1/defaults/main.yml" | head -n 1 | sed -E 's/^"(.*)"$/\1/')
-    [ -n "$v" ] || die "roles/$1/defaults/main.yml has no $2"
-    while [[ $v =~ \{\{\ *([a-z0-9_]+)\ *\}\} ]]; do
-        ref=$(role_default "$1" "${BASH_REMATCH[1]}")
-        v=${v//"${BASH_REMATCH[0]}"/$ref}
-    done
-    printf '%s\n' "$v"
-}
+# shellcheck source=agent/artifacts/role_default.sh
+. "$here/role_default.sh"
 version=$(sed -n 's/^version *= *"\(.*\)"/\1/p' "$here/../pyproject.toml" | head -n 1)
 [ -n "$version" ] || die "no version in agent/pyproject.toml"
 files=(

@@ -104,23 +104,20 @@ ALLOC_RUNS = 7
 BASE_UID = 30000
 
 CLONE_NEWNET = 0x40000000
-PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 
 
-def die_with_parent() -> None:
-    """In a child before exec: SIGTERM when the bench dies, even by SIGKILL."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+def with_priority(nice: int) -> list[str]:
+    """A command prefix: the child dies with the bench and runs at `nice`.
 
-
-def with_priority(nice: int) -> Callable[[], None]:
-    """A preexec_fn: die with the bench, run at `nice`."""
-
-    def pre() -> None:
-        die_with_parent()
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
-
-    return pre
+    Not a preexec_fn: the bench's etcd client is gRPC, whose fork handler can abort a Python
+    child between fork and exec ("epoll_wait error: Bad file descriptor", rc -6; grpc/grpc#43055,
+    seen 2026-11-27 for the CNI plugin and 2026-11-28 for podnetd's restart at nice 0).
+    Without preexec_fn Python starts the child with vfork, and no fork handler runs; setpriv and
+    nice exec in place, so the pid stays the program's own (podnetd's VmRSS).
+    """
+    delta = nice - os.getpriority(os.PRIO_PROCESS, 0)
+    return ["setpriv", "--pdeathsig", "TERM", "nice", "-n", str(delta)]
 
 
 class CpuLoad:
@@ -133,10 +130,7 @@ class CpuLoad:
     def __enter__(self) -> CpuLoad:
         for _ in range(self.n):
             self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", "while True: pass"],
-                    preexec_fn=with_priority(0),  # noqa: PLW1509 - the bench runs no threads
-                )
+                subprocess.Popen([*with_priority(0), sys.executable, "-c", "while True: pass"])
             )
         time.sleep(0.5)  # let them settle on the cores
         return self
@@ -271,6 +265,7 @@ class Bench:
         logf = open(self.dir / "etcd.log", "w")  # noqa: SIM115
         self.etcd_proc = subprocess.Popen(
             [
+                *with_priority(NICE),
                 ETCD,
                 "--name",
                 "pbn",
@@ -295,7 +290,6 @@ class Bench:
             ],
             stdout=logf,
             stderr=subprocess.STDOUT,
-            preexec_fn=with_priority(NICE),  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
         self.etcd = Etcd([f"http://127.0.0.1:{port}"], None, None, None, 30.0)
@@ -349,6 +343,7 @@ class Bench:
         # nsenter execs podnetd in place: the pid is podnetd's own (for VmRSS)
         self.podnetd = subprocess.Popen(
             [
+                *with_priority(nice),
                 "nsenter",
                 f"--net=/run/netns/{NODE_NETNS}",
                 sys.executable,
@@ -360,7 +355,6 @@ class Bench:
             stdout=logf,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO / "agent" / "src")},
-            preexec_fn=with_priority(nice),  # noqa: PLW1509 - the bench runs no threads
         )
         logf.close()
 
