@@ -31,7 +31,9 @@ def _probe(path: str, *features: str) -> list[str]:
 @pytest.mark.skipif(os.geteuid() != 0, reason="unshare --net needs root")
 def test_nf_tables_found_without_nft(tmp_path: Path) -> None:
     for tool in ("unshare", "ip", "python3", "sh", "tr"):
-        found = shutil.which(tool)
+        # the system's programs, as on a node (not a shim earlier on the caller's PATH, such
+        # as pyenv's python3, a script that needs bash)
+        found = shutil.which(tool, path="/usr/sbin:/usr/bin:/sbin:/bin")
         assert found, tool
         (tmp_path / tool).symlink_to(found)
     assert not (tmp_path / "nft").exists()
