@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +194,8 @@ def test_unicast_to_a_pod_goes_to_its_node_alone(cluster: dict[str, Node], etcd:
 
 def test_spare_namespaces_are_empty_and_bounded(cluster: dict[str, Node]) -> None:
     """podnetd keeps a few network namespaces ready for the next pods (kernel/dataplane.py,
-    SPARE_NETNS): only its fds hold them, they have nothing but `lo` (down), and there are
+    SPARE_NETNS): only its fds hold them, they have nothing but `lo` and `eth0` (both down),
+    the host end of each `eth0` is down, in no bridge, without any address, and there are
     never more than SPARE_NETNS of them, however many pods were made."""
     n1 = cluster["n1"]
     nodes = ["n1"]
@@ -217,10 +219,23 @@ def test_spare_namespaces_are_empty_and_bounded(cluster: dict[str, Node]) -> Non
         return out
 
     assert wait_for(lambda: len(spares()) == SPARE_NETNS, 10)
+    host = {
+        int(ln.split(":")[0]): ln
+        for ln in n1.ns("ip", "-o", "-d", "link", "show").stdout.splitlines()
+    }
+    addrs = n1.ns("ip", "-o", "addr", "show").stdout
     for fd in spares():
         links = sh("nsenter", f"--net={fd}", "ip", "-o", "link", "show", check=False).stdout
-        assert [ln.split(":")[1].strip() for ln in links.splitlines()] == ["lo"], links
-        assert "state DOWN" in links
+        names = [ln.split(":")[1].strip().split("@")[0] for ln in links.splitlines()]
+        assert names == ["lo", "eth0"], links
+        assert all("state DOWN" in ln and ",UP" not in ln for ln in links.splitlines()), links
+        peer = int(re.search(r"eth0@if(\d+)", links).group(1))  # type: ignore[union-attr]
+        end = host[peer]
+        name = end.split(":")[1].strip().split("@")[0]
+        assert re.fullmatch(r"pnv[0-9a-f]{12}", name), end
+        assert " master " not in end and ",UP" not in end and "state DOWN" in end, end
+        assert "addrgenmode none" in end, end
+        assert f" {name} " not in addrs, addrs
     for j in range(170, 170 + SPARE_NETNS + 2):
         assert n1.call("job_down", job_id=j)["released"] is True
     assert len(spares()) <= SPARE_NETNS

@@ -95,6 +95,11 @@ def test_link_requests_match_pyroute2() -> None:
     name = ("IFLA_IFNAME", "pnv0123456789ab")
     assert off.data == _encoded(_ifi(0, 0, [name, _NO_LL]), nl.RTM_NEWLINK, _SET, off.seq)
     assert up.data == _encoded(_ifi(0, nl.IFF_UP, [name]), nl.RTM_NEWLINK, _SET, up.seq)
+    r = nl.host_link_off_ipv6("pnv0123456789ab")
+    assert r.data == _encoded(_ifi(0, 0, [name, _NO_LL]), nl.RTM_NEWLINK, _SET, r.seq)
+    r = nl.enslave_up(12, 70000)
+    want = _ifi(12, nl.IFF_UP, [("IFLA_MASTER", 70000)])
+    assert r.data == _encoded(want, nl.RTM_NEWLINK, _SET, r.seq)
     r = nl.no_ipv6_ll(9)
     assert r.data == _encoded(_ifi(9, 0, [_NO_LL]), nl.RTM_NEWLINK, _SET, r.seq)
     r = nl.link_up_with_mac(2, "0a:58:c6:13:80:0a")
@@ -108,9 +113,12 @@ def test_link_requests_match_pyroute2() -> None:
     )
 
 
-@pytest.mark.parametrize(("host", "peer"), [("pnv0123456789ab", "eth0"), ("pnvabc", "net1x")])
-def test_veth_matches_pyroute2(host: str, peer: str) -> None:
-    r = nl.veth(host, peer, 5, 1450, 70000, "02:50:6e:ff:ff:fe")
+@pytest.mark.parametrize(
+    ("host", "peer", "master"),
+    [("pnv0123456789ab", "eth0", 70000), ("pnvabc", "net1x", 70000), ("pnv0123", "eth0", 0)],
+)
+def test_veth_matches_pyroute2(host: str, peer: str, master: int) -> None:
+    r = nl.veth(host, peer, 5, 1450, master, "02:50:6e:ff:ff:fe")
     peer_attrs = {
         "attrs": [
             ("IFLA_IFNAME", peer),
@@ -131,7 +139,7 @@ def test_veth_matches_pyroute2(host: str, peer: str) -> None:
         [
             ("IFLA_IFNAME", host),
             ("IFLA_MTU", 1450),
-            ("IFLA_MASTER", 70000),
+            *([("IFLA_MASTER", master)] if master else []),  # 0: in no bridge (a spare's)
             ("IFLA_LINKINFO", info),
         ],
     )

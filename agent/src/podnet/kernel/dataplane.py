@@ -19,11 +19,15 @@ an address-less bridge and answers pods from its underlay address.
 Teardown removes the netns file; the kernel reaps the veth. The bridge and VXLAN of a
 user are removed with the user's last pod on the node.
 
-Creating a network namespace (unshare) is the dearest step of a pod and needs nothing
-of the request, so a background thread keeps `SPARE_NETNS` of them ready (each held by
-an fd, with its netlink socket and sysctl made): a pod takes one and bind-mounts it on
-its file. Without a spare (a burst, or the first pod) the pod makes its own, as before.
-A spare is empty (`lo` down, no other link) and reachable from nothing but podnetd's fd.
+Creating a network namespace (unshare) and a veth pair are the dearest steps of a pod
+and need nothing of the request, so a background thread keeps `SPARE_NETNS` spares ready:
+a namespace held by an fd, with its netlink socket and sysctl made, and its veth (pod end
+`eth0` down with a placeholder MAC, made in place; host end down, in no bridge, IPv6
+address generation off). A pod takes one, bind-mounts it on its file and puts the host
+end into the user's bridge and up (one request). Without a spare (a burst, the first pod,
+a container's own interface name) the pod makes its own, as before. A spare is reachable
+from nothing but podnetd's fd; its veth carries no frame (both ends down, no address, no
+bridge), and goes with the namespace when podnetd closes the fd or exits.
 """
 
 from __future__ import annotations
@@ -61,10 +65,29 @@ class PodSpec:
 
 #: network namespaces kept ready for the next pods (see the module's docstring)
 SPARE_NETNS = 4
+#: the pod end of a spare's veth (a container asking for another name gets no spare)
+SPARE_IFNAME = "eth0"
 #: a netlink socket (the name `nl` is a method inside Dataplane)
 Socket = nl.Netlink
-#: a spare namespace: an fd that holds it, a netlink socket inside it
-Spare = tuple[int, Socket]
+
+
+@dataclass
+class Spare:
+    """A spare namespace: an fd that holds it, a netlink socket inside it, its veth."""
+
+    fd: int
+    sock: Socket
+    veth: str  # host end (down, in no bridge)
+    host_index: int
+    eth0: int  # pod end (down, placeholder MAC), index inside
+    lo: int
+    mtu: int
+
+    def close(self) -> None:
+        """Free it (the kernel reaps the namespace and its veth)."""
+        self.sock.close()
+        os.close(self.fd)
+
 
 #: MAC of a pod's eth0 until its address is known (the link is down meanwhile)
 PLACEHOLDER_MAC = "02:50:6e:ff:ff:fe"
@@ -109,6 +132,7 @@ class Dataplane:
         self.bridges: dict[int, int] = {}  # vni -> bridge ifindex of users present here
         self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
         self._spares: list[Spare] = []
+        self._spare_mtu = 0  # the pods' MTU, as the last pod asked (spares are made with it)
         self._spare_lock = threading.Lock()
         self._spare_wanted = threading.Event()
         self._spare_thread: threading.Thread | None = None
@@ -268,10 +292,10 @@ class Dataplane:
         existing namespace (a runtime's), bound on the pod's file instead of a new one."""
 
         path = self.netns_path(name)
-        spare = self._take_spare() if netns_fd < 0 else None
+        spare = self._take_spare(mtu) if netns_fd < 0 and ifname == SPARE_IFNAME else None
         if spare is not None:
-            pod_nl = self._bind_spare(path, spare)
-        elif netns_fd < 0:
+            return self._new_from_spare(name, path, spare, bridge_index, foreign)
+        if netns_fd < 0:
             pod_nl = self.host.create(path, _inside_new_netns)
         else:
             pod_nl = _bind(self.host, path, netns_fd)
@@ -298,11 +322,32 @@ class Dataplane:
             self.remove_pod(name, None, veth if foreign else "", pid_namespace=not foreign)
             raise
 
-    def _take_spare(self) -> Spare | None:
-        """A spare namespace, if one is ready; asks the background thread for more."""
+    def _new_from_spare(
+        self, name: str, path: Path, spare: Spare, bridge_index: int, foreign: bool
+    ) -> NewNetns:
+        """`new_netns` from a spare: its namespace on the pod's file, its veth's host end
+        into the user's bridge and up."""
+        pod_nl = self._bind_spare(path, spare)
+        try:
+            if self.pidns is not None and not foreign:
+                self.pidns.create(name)
+            self.nl().batch([nl.enslave_up(spare.host_index, bridge_index)])
+            return NewNetns(name, pod_nl, spare.veth, spare.eth0, spare.lo, bridge_index, foreign)
+        except BaseException:
+            pod_nl.close()
+            self.remove_pod(name, None, spare.veth if foreign else "", pid_namespace=not foreign)
+            raise
+
+    def _take_spare(self, mtu: int) -> Spare | None:
+        """A spare namespace for a pod of MTU `mtu`, if one is ready; asks the background
+        thread for more."""
+        stale: list[Spare] = []
         with self._spare_lock:
             if self._closed:
                 return None
+            if mtu != self._spare_mtu:  # the first pod (or another MTU): made anew
+                self._spare_mtu = mtu
+                stale, self._spares = self._spares, []
             spare = self._spares.pop() if self._spares else None
             if self._spare_thread is None:
                 self._spare_thread = threading.Thread(
@@ -310,28 +355,27 @@ class Dataplane:
                 )
                 self._spare_thread.start()
         self._spare_wanted.set()
+        for s in stale:
+            s.close()
         return spare
 
     def _bind_spare(self, path: Path, spare: Spare) -> Socket:
         """The spare namespace on the pod's file `path`; its socket (the fd is closed)."""
-        fd, sock = spare
         try:
-            netns.bind_fd(path, fd)
+            netns.bind_fd(path, spare.fd)
         except FileExistsError:
             with self._spare_lock:  # the pod exists: the spare stays one
-                keep = not self._closed
+                keep = not self._closed and spare.mtu == self._spare_mtu
                 if keep:
                     self._spares.append(spare)
             if not keep:
-                sock.close()
-                os.close(fd)
+                spare.close()
             raise
         except BaseException:
-            sock.close()
-            os.close(fd)
+            spare.close()
             raise
-        os.close(fd)  # the mount holds the namespace now
-        return sock
+        os.close(spare.fd)  # the mount holds the namespace now
+        return spare.sock
 
     def _make_spares(self) -> None:
         """The background thread: keeps SPARE_NETNS namespaces ready."""
@@ -344,17 +388,38 @@ class Dataplane:
                         return
                     if len(self._spares) >= SPARE_NETNS:
                         break
+                    mtu = self._spare_mtu
                 try:
-                    spare = self.host.spare(_inside_new_netns)
+                    spare = self._new_spare(mtu)
                 except OSError as e:
                     log.warning("spare network namespace not made: %s", e)
                     break  # the pods make their own; tried again at the next pod
                 with self._spare_lock:
-                    if self._closed:
-                        spare[1].close()
-                        os.close(spare[0])
-                        return
+                    if self._closed or mtu != self._spare_mtu:
+                        spare.close()
+                        if self._closed:
+                            return
+                        continue
                     self._spares.append(spare)
+
+    def _new_spare(self, mtu: int) -> Spare:
+        """A namespace held by an fd, with its socket, sysctl and veth (module docstring)."""
+        fd, sock = self.host.spare(_inside_new_netns)
+        veth = new_veth_name()
+        try:
+            self.nl().batch(
+                [
+                    nl.veth(veth, SPARE_IFNAME, fd, mtu, 0, PLACEHOLDER_MAC),
+                    nl.host_link_off_ipv6(veth),
+                ]
+            )
+            host_index = nl.ifindex(self.nl(), veth)
+            eth0, lo = nl.ifindex(sock, SPARE_IFNAME), nl.ifindex(sock, "lo")
+        except BaseException:
+            sock.close()
+            os.close(fd)  # the veth goes with the namespace
+            raise
+        return Spare(fd, sock, veth, host_index, eth0, lo, mtu)
 
     def discard(self, ns: NewNetns) -> None:
         """Undo `new_netns` (the allocation failed); a foreign namespace lives on, without
@@ -395,16 +460,6 @@ class Dataplane:
         ns.nl.close()
         return ns.veth
 
-    def prepare_resolv(self, ns: NewNetns, search: list[str], servers: list[str]) -> None:
-        """The pod's resolv.conf before its address is known (`wire_pod` then writes it
-        only if it wants other contents); on failure the namespace is discarded."""
-        try:
-            self.write_resolv(ns.name, search, servers)
-        except BaseException:
-            self.discard(ns)
-            raise
-        ns.resolv = (list(search), list(servers))
-
     def write_resolv(self, name: str, search: list[str], servers: list[str]) -> None:
         d = self.resolv_dir / name
         d.mkdir(parents=True, exist_ok=True)
@@ -440,12 +495,17 @@ class Dataplane:
             except nl.NetlinkError as e:
                 if e.errno not in (errno.ESRCH, errno.ENOENT):
                     raise
+        self.remove_resolv(name)
+        return existed
+
+    def remove_resolv(self, name: str) -> None:
+        """The resolv.conf of pod `name` and its directory (unless someone else's file is
+        in it)."""
         d = self.resolv_dir / name
         for f in (d / "resolv.conf", d / "resolv.conf.tmp"):
             f.unlink(missing_ok=True)
         with contextlib.suppress(OSError):  # not empty: someone else's file, keep it
             d.rmdir()
-        return existed
 
     def remove_stale_files(self) -> list[str]:
         """Delete pod files that are not namespaces (an agent killed between creating the
@@ -575,9 +635,8 @@ class Dataplane:
             self._closed = True
             spares, self._spares = self._spares, []
         self._spare_wanted.set()
-        for fd, spare in spares:
+        for spare in spares:
             spare.close()
-            os.close(fd)
         sock: nl.Netlink | None = getattr(self._tls, "nl", None)
         if sock is not None:
             sock.close()

@@ -292,11 +292,18 @@ def host_link_up(name: str) -> list[Request]:
     down, then address generation is turned off, then they go up."""
     ifname = _str(IFLA_IFNAME, name)
     return [
-        Request.raw(
-            RTM_NEWLINK, _SET, _ifinfo() + ifname + _NO_IPV6_LL, f"link {name} addrgenmode none"
-        ),
+        host_link_off_ipv6(name),
         Request.raw(RTM_NEWLINK, _SET, _ifinfo(0, IFF_UP, IFF_UP) + ifname, f"link {name} up"),
     ]
+
+
+def host_link_off_ipv6(name: str) -> Request:
+    """The first half of `host_link_up`: IPv6 address generation off, the link stays down
+    (a spare veth's host end, made before its pod: dataplane.py)."""
+    ifname = _str(IFLA_IFNAME, name)
+    return Request.raw(
+        RTM_NEWLINK, _SET, _ifinfo() + ifname + _NO_IPV6_LL, f"link {name} addrgenmode none"
+    )
 
 
 def no_ipv6_ll(index: int) -> Request:
@@ -323,7 +330,7 @@ def link_up_with_mac(index: int, mac: str) -> Request:
 def veth(
     host_name: str, peer_name: str, netns_fd: int, mtu: int, master: int, peer_mac: str
 ) -> Request:
-    """Veth pair: host end (down: `host_link_up` follows) in `master`, peer (fixed name
+    """Veth pair: host end (down: `host_link_up` follows) in `master` (0: in none), peer (fixed name
     and MAC, down) made directly in another netns (IFLA_NET_NS_FD of the peer: no device
     is ever moved between namespaces, which would cost an rcu_barrier under RTNL)."""
     # the peer cannot be set up here (veth_open of a half-created pair: ENOTCONN);
@@ -340,10 +347,21 @@ def veth(
         _ifinfo()
         + _str(IFLA_IFNAME, host_name)
         + _u32(IFLA_MTU, mtu)
-        + _u32(IFLA_MASTER, master)
+        + (_u32(IFLA_MASTER, master) if master else b"")
         + _rta(IFLA_LINKINFO, info)
     )
     return Request.raw(RTM_NEWLINK, _NEW, body, f"create veth {host_name}")
+
+
+def enslave_up(index: int, master: int) -> Request:
+    """Put an existing link (down, address generation off) into `master` and bring it up,
+    in one request."""
+    return Request.raw(
+        RTM_NEWLINK,
+        _SET,
+        _ifinfo(index, IFF_UP, IFF_UP) + _u32(IFLA_MASTER, master),
+        f"link {index} master {master} up",
+    )
 
 
 def bridge(name: str, mac: str, mtu: int) -> Request:
