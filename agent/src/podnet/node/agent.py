@@ -74,8 +74,8 @@ class Agent:
         self.pods = PodTable()
         self.sessions = LoginSessions(self.state)
         self.setup_seconds = Histogram()
-        # etcd round trips that overlap with netlink work (job_up)
-        self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="etcd")
+        # work that overlaps with the request thread's (job_up: 4 tasks per pod)
+        self.pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="etcd")
         self._rooms: _Rooms | None = None
         #: the quotas (the cluster configuration's, followed while running)
         self.quotas = quota.LiveLimits(self.etcd, self.keys)
@@ -198,11 +198,13 @@ class Agent:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
                 return pod, False
             vni, bri = r.nets.ensure(user, uid)
-            # a worker makes the empty netns, its veth and the resolv.conf the request's job
-            # name gives (the record's, if it differs) while this thread allocates: the
-            # allocation's round trips to etcd are the longer part
+            # while this thread allocates (the allocation's round trips to etcd), a worker
+            # makes the empty netns and its veth, another the resolv.conf the request's job
+            # name gives (the record's, if it differs): both are file system and kernel
+            # work, which runs outside the GIL
             search = search_of(job_label(job_name), job_id, user, r.cc.zone)
-            making = self.pool.submit(r.wiring.new_netns, name, bri, search)
+            making = self.pool.submit(r.wiring.new_netns, name, bri)
+            resolving = self.pool.submit(r.wiring.prepare_resolv, name, search)
             # the pods' records under the job name (a last transaction when this node
             # allocates) go to etcd while the pod is wired
             later: list[Callable[[], None]] = []
@@ -213,13 +215,15 @@ class Agent:
                 if job.user != user:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
             except BaseException as e:
-                wait([making])
+                wait(_futures(making, resolving))
                 if making.exception() is None:
                     r.dp.discard(making.result())
+                else:
+                    _drop_resolv(r.dp, name, making.exception())
                 if isinstance(e, AllocError):
                     raise PodnetError("EINVAL", str(e)) from None
                 raise
-            pod = self._wire_job_pod(job, node_index, name, making, later)
+            pod = self._wire_job_pod(job, node_index, name, making, resolving, later)
             self.pods.add(pod)
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
         return pod, True
@@ -230,21 +234,27 @@ class Agent:
         node_index: int,
         name: str,
         making: Future[NewNetns],
+        resolving: Future[tuple[list[str], list[str]]],
         later: list[Callable[[], None]],
     ) -> Pod:
         """`_job_up` once the job is allocated: the pod wired into the namespace `making`
-        made, while workers send `later` to etcd and write this node's copy of the record."""
+        made (with the resolv.conf `resolving` wrote), while workers send `later` to etcd
+        and write this node's copy of the record."""
         r, job_id = self.rooms, job.job_id
         naming: Future[None] = self.pool.submit(_run_all, later) if later else _done()
         # what a restore to an older etcd snapshot needs to keep the pod, written (disk)
         # while the pod is wired
         saving = self.pool.submit(r.reconcile.local.save, job, node_index)
+        wait(_futures(making, resolving))
         try:
             ns = making.result()
-        except BaseException:
+        except BaseException as e:
             wait([saving, naming])
             r.reconcile.local.drop(job_id)
+            _drop_resolv(r.dp, name, e)
             raise
+        if resolving.exception() is None:  # else wire_pod writes it (or fails)
+            ns.resolv = resolving.result()
         pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
         # the job's allocation wrote this pod's DNS records and marker already
         try:
@@ -469,6 +479,17 @@ class Agent:
         self.pool.shutdown(wait=False)
         if self._rooms is not None:
             self._rooms.dp.close()
+
+
+def _drop_resolv(dp: Dataplane, name: str, error: BaseException | None) -> None:
+    """The resolv.conf written for pod `name` whose namespace was not made (`error`): gone,
+    unless the pod's file exists already (someone else's pod of that name keeps it)."""
+    if not isinstance(error, FileExistsError):
+        dp.remove_resolv(name)
+
+
+def _futures(*fs: Future[Any]) -> list[Future[Any]]:
+    return list(fs)
 
 
 def _run_all(steps: list[Callable[[], None]]) -> None:

@@ -167,14 +167,18 @@ class PodWiring:
         self.fw = fw
         self.cc = cc
 
-    def new_netns(self, name: str, bridge: int, search: list[str] | None = None) -> NewNetns:
-        """The pod's namespace and veth; with `search`, its resolv.conf too (`build` writes
-        it again only if the pod's search list turns out otherwise)."""
-        ns = self.dp.new_netns(name, bridge, self.cc.pod_mtu)
-        if search is not None:
-            cc = self.cc
-            self.dp.prepare_resolv(ns, search + cc.search_domains, cc.dns_servers)
-        return ns
+    def new_netns(self, name: str, bridge: int) -> NewNetns:
+        """The pod's namespace and veth."""
+        return self.dp.new_netns(name, bridge, self.cc.pod_mtu)
+
+    def prepare_resolv(self, name: str, search: list[str]) -> tuple[list[str], list[str]]:
+        """The resolv.conf of pod `name` for the search list `search` (before the pod's
+        namespace exists: `build` writes it again only if the pod's search list turns
+        out otherwise); returns what it wrote, for `NewNetns.resolv`."""
+        cc = self.cc
+        full, servers = search + cc.search_domains, list(cc.dns_servers)
+        self.dp.write_resolv(name, full, servers)
+        return full, servers
 
     def new_container_netns(self, name: str, bridge: int, ifname: str, fd: int) -> NewNetns:
         """A container's: the runtime's namespace `fd` (-1: a new one), interface `ifname`."""
