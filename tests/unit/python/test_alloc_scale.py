@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """How a job is allocated: its first node sends one transaction with everything (addresses,
-record, name, every pod's DNS records and marker) and no read; the other nodes take the
+record, name, every pod's DNS records and marker, those under the job name too) and no read,
+and one more only to remove what the name's previous owner left; the other nodes take the
 record from their watch and send nothing; a late first node is taken over by the next
 nodes through the job's lock; a job too large for one transaction is split (`make unit`).
 The last test runs `Etcd.get_or_wait` against a real etcd when one is installed."""
@@ -67,14 +68,14 @@ def _fed(etcd: FakeEtcd, views: list[JobRecords], job_id: int) -> None:
         v.put(Job.from_json(kv.json(), kv.mod_revision))
 
 
-def test_first_node_sends_two_transactions_with_every_pods_records() -> None:
+def test_first_node_sends_one_transaction_with_every_pods_records() -> None:
     etcd = WatchingEtcd()
     first = _allocator(etcd)
     vni = first.user_vni("alice", 2001)
     reads, txns = etcd.reads, etcd.txns
     job = first.allocate_job(7, "alice", 2001, "big", NODES, vni, 0)
-    # the allocation, then the records under the job name (after its old ones went)
-    assert (etcd.reads, etcd.txns) == (reads, txns + 2)
+    # the allocation, the records under the job name with it (the name had none)
+    assert (etcd.reads, etcd.txns) == (reads, txns + 1)
     assert len(set(job.ips)) == len(NODES)
     # every pod's DNS records and its node's marker came with the allocation
     for i, node in enumerate(NODES):
@@ -115,7 +116,7 @@ def test_other_nodes_take_the_record_from_their_watch_and_send_nothing(
     _fed(etcd, views, 9)
     for t in threads:
         t.join(10)
-    assert etcd.txns == txns + 2, "a waiting node sent a transaction"
+    assert etcd.txns == txns + 1, "a waiting node sent a transaction"
     assert etcd.reads == reads and etcd.waits == 0, "a waiting node read etcd"
     assert all(g.ips == job.ips for g in got.values()) and len(got) == 5
 
@@ -129,8 +130,8 @@ def test_the_second_node_takes_over_a_late_first_node(monkeypatch: pytest.Monkey
     t0 = time.monotonic()
     job = second.allocate_job(11, "alice", 2001, "big", NODES, vni, 1)
     assert time.monotonic() - t0 >= 0.05
-    # one small transaction for the job's lock, two for the job
-    assert etcd.txns == txns + 3 and len(set(job.ips)) == len(NODES)
+    # one small transaction for the job's lock, one for the job
+    assert etcd.txns == txns + 2 and len(set(job.ips)) == len(NODES)
     assert etcd.get("/podnet/u/joblocks/11") is None, "the lock outlived the allocation"
     assert etcd.data["/skydns/u/alice/11/pod0"].json()["host"] == job.ips[0]
     # the late first node gets that job back, not a second allocation
@@ -150,6 +151,53 @@ def test_a_lock_whose_holder_died_is_taken_over(monkeypatch: pytest.MonkeyPatch)
     job = a.allocate_job(12, "alice", 2001, "big", NODES, vni, 0)
     assert len(set(job.ips)) == len(NODES) and etcd.get("/podnet/u/joblocks/12") is None
     assert etcd.get("/podnet/u/jobs/12") is not None
+
+
+def test_a_reused_job_name_holds_the_newest_jobs_records_only() -> None:
+    """A job takes its name from the previous owner in its one transaction (overwriting
+    the records of the pods both have); what the previous owner had beyond that (more pods,
+    a container's record) goes in a second one, before the pod is ready (`defer`)."""
+    etcd = WatchingEtcd()
+    a = _allocator(etcd)
+    vni = a.user_vni("alice", 2001)
+    big = a.allocate_job(20, "alice", 2001, "same", NODES[:5], vni, 0)
+    etcd.put("/skydns/u/alice/same/ctr", {"host": "198.18.15.1"})  # a container's, older
+    txns = etcd.txns
+    later: list[Any] = []
+    small = a.allocate_job(21, "alice", 2001, "same", NODES[:2], vni, 0, later)
+    assert etcd.txns == txns + 1 and len(later) == 1
+    named = {k: kv.json()["host"] for k, kv in etcd.data.items() if "/alice/same/" in k}
+    assert named["/skydns/u/alice/same/pod0"] == small.ips[0]
+    assert named["/skydns/u/alice/same/pod1"] == small.ips[1]
+    assert len(named) == 6  # the 3 of the bigger job's other pods and the container's
+    for run in later:
+        run()
+    assert etcd.txns == txns + 2
+    named = {k: kv.json()["host"] for k, kv in etcd.data.items() if "/alice/same/" in k}
+    assert named == {f"/skydns/u/alice/same/pod{i}": small.ips[i] for i in range(2)}
+    assert etcd.data["/skydns/u/alice/20/pod4"].json()["host"] == big.ips[4]  # its own
+    # the same size again: everything overwritten, nothing left to remove
+    later = []
+    again = a.allocate_job(22, "alice", 2001, "same", NODES[:2], vni, 0, later)
+    assert later == [] and etcd.txns == txns + 3
+    named = {k: kv.json()["host"] for k, kv in etcd.data.items() if "/alice/same/" in k}
+    assert named == {f"/skydns/u/alice/same/pod{i}": again.ips[i] for i in range(2)}
+
+
+def test_a_removal_after_the_name_moved_on_removes_nothing() -> None:
+    """The previous owner's leftovers are removed only while the job owns its name: a
+    newer job's records stay."""
+    etcd = WatchingEtcd()
+    a = _allocator(etcd)
+    vni = a.user_vni("alice", 2001)
+    a.allocate_job(30, "alice", 2001, "n", NODES[:3], vni, 0)
+    later: list[Any] = []
+    a.allocate_job(31, "alice", 2001, "n", NODES[:1], vni, 0, later)
+    newest = a.allocate_job(32, "alice", 2001, "n", NODES[:3], vni, 0)
+    for run in later:
+        run()
+    named = {k: kv.json()["host"] for k, kv in etcd.data.items() if "/alice/n/" in k}
+    assert named == {f"/skydns/u/alice/n/pod{i}": newest.ips[i] for i in range(3)}
 
 
 def test_a_job_too_large_for_one_transaction_is_split() -> None:

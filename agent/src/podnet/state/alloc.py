@@ -30,7 +30,17 @@ from podnet.errors import PodnetError
 from podnet.names import Keys, block_from_key, job_label, login_label, ptr_key, zone_path
 from podnet.state import quota, store
 from podnet.state.ipam import Ipam, PoolExhausted
-from podnet.state.store import KV, Etcd, cmp_absent, cmp_value, op_count, op_delete, op_get, op_put
+from podnet.state.store import (
+    KV,
+    Etcd,
+    cmp_absent,
+    cmp_value,
+    op_count,
+    op_delete,
+    op_get,
+    op_keys,
+    op_put,
+)
 
 log = logging.getLogger("podnet.alloc")
 
@@ -164,6 +174,21 @@ class _Request:
     vni: int
     me: str
     defer: list[Callable[[], None]] | None
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """An allocation's transaction (`Allocator._allocate`): `compare`, the `sent` ops;
+    `whole`: the records under the job name are in it (the name's keys read first);
+    `split`: too large, the pods' `records` follow in transactions of their own (and the
+    `named` ones after, as when not `whole`)."""
+
+    compare: list[Any]
+    sent: list[Any]
+    whole: bool
+    split: bool
+    records: list[Any]
+    named: list[Any]
 
 
 @dataclass
@@ -317,8 +342,17 @@ class Allocator:
         records go), and each pod's DNS records (under the job name and the job id, the
         PTR) and marker `jobnodes/<id>/<node>`. Guarded by the job's absence and its lock
         (absent, or `lock`: ours). When it loses because the job exists, its failure
-        branch returns the job (one round trip either way). Too large for the server's
-        `--max-txn-ops`: the records and markers follow in transactions of their own."""
+        branch returns the job (one round trip either way).
+
+        The pods' records under the job name go in the same transaction when it has room
+        (`_whole`): instead of deleting the name's records (etcd refuses a put under a
+        range the same transaction deletes), it reads their keys first and overwrites
+        them; the previous owner's records that none of this job's overwrote (its pods
+        beyond this job's count, a container's) go after, while the job owns the name
+        (one more transaction, to `defer` like `_name_records`; none when nothing is
+        left). Otherwise the name's records are deleted in the transaction and this job's
+        follow (`_name_records`). Too large for the server's `--max-txn-ops`: the records
+        and markers follow in transactions of their own."""
         job_id, user, name, nodes = req.job_id, req.user, req.name, req.nodes
         job_key = self.keys.job(job_id)
         for attempt in range(MAX_ATTEMPTS):
@@ -339,15 +373,13 @@ class Allocator:
             )
             new_blocks: list[tuple[ipaddress.IPv4Network, str]] = []
             job.ips = self._pick_ips(nodes, new_blocks)
-            compare, ops = self._job_ops(job, new_blocks, lock)
-            named, records = self._all_records(job)
-            split = len(ops) + len(records) > self.etcd.max_txn_ops
+            plan = self._plan(job, new_blocks, lock)
             try:
-                r = self.etcd.txn(compare, ops if split else ops + records, [op_get(job_key)])
+                r = self.etcd.txn(plan.compare, plan.sent, [op_get(job_key)])
             except store.EtcdRequestError as e:
                 self._release(job.ips, new_blocks)
-                if store.too_large(e) and not split:
-                    self.etcd.max_txn_ops = max(1, len(ops))
+                if store.too_large(e) and not plan.split:
+                    self.etcd.max_txn_ops = max(1, len(plan.sent) - 1)
                     continue
                 raise
             if r.succeeded:
@@ -355,9 +387,12 @@ class Allocator:
                 self.ipam.release_pending(job.ips)
                 self.ipam.confirm_blocks(blk for blk, _node in new_blocks)
                 job.revision = r.revision
-                if split:
-                    self.etcd.put_many(records)
-                self._name_records(job, named, None if split else req.defer)
+                if plan.whole:
+                    self._drop_old_name_records(job, r.range_kvs(0), req.defer)
+                else:
+                    if plan.split:
+                        self.etcd.put_many(plan.records)
+                    self._name_records(job, plan.named, None if plan.split else req.defer)
                 log.debug("job %d: allocated by %s (%d nodes)", job_id, req.me, len(nodes))
                 return job
             self._release(job.ips, new_blocks)
@@ -380,7 +415,8 @@ class Allocator:
     ) -> None:
         """The records under the job name, after the name's old records went (etcd refuses
         a put under a range the same transaction deletes), while the job still owns the
-        name; appended to `defer` instead if it is a list."""
+        name; appended to `defer` instead if it is a list. (Any ops under the name: also
+        the deletes of `_drop_old_name_records`.)"""
         step = max(1, self.etcd.max_txn_ops)
         steps = [
             functools.partial(self._while_name_owner, job, named[i : i + step], [])
@@ -392,11 +428,42 @@ class Allocator:
         for run in steps:
             run()
 
-    def _job_ops(
+    def _plan(
         self, job: Job, new_blocks: list[tuple[ipaddress.IPv4Network, str]], lock: str | None
+    ) -> _Plan:
+        """What `_allocate` sends for `job` (`_Plan`), by the server's `max_txn_ops`."""
+        named, records = self._all_records(job)
+        compare, ops = self._job_ops(job, new_blocks, lock, clear_name=False)
+        # the name's keys (read first), then everything of the job, its named records too
+        sent = [op_keys(self.name_records(job.user, job.label)), *ops, *records, *named]
+        if len(sent) <= self.etcd.max_txn_ops:
+            return _Plan(compare, sent, True, False, records, named)
+        compare, ops = self._job_ops(job, new_blocks, lock)
+        if len(ops) + len(records) <= self.etcd.max_txn_ops:
+            return _Plan(compare, ops + records, False, False, records, named)
+        return _Plan(compare, ops, False, True, records, named)
+
+    def _drop_old_name_records(
+        self, job: Job, had: list[KV], defer: list[Callable[[], None]] | None
+    ) -> None:
+        """The records the job name held before `job` took it (`had`, keys read in the
+        allocation's transaction) that none of `job`'s overwrote, deleted while the job owns
+        the name; appended to `defer` instead if it is a list."""
+        prefix = self.name_records(job.user, job.label)
+        mine = {f"{prefix}pod{i}" for i in range(len(job.nodes))}
+        old = [op_delete(kv.key) for kv in had if kv.key not in mine]
+        self._name_records(job, old, defer)
+
+    def _job_ops(
+        self,
+        job: Job,
+        new_blocks: list[tuple[ipaddress.IPv4Network, str]],
+        lock: str | None,
+        clear_name: bool = True,
     ) -> tuple[list[Any], list[Any]]:
         """(compare, ops) of a job's allocation: absent job, its lock absent or ours,
-        absent addresses and new blocks; the blocks, addresses, record and name."""
+        absent addresses and new blocks; the blocks, addresses, record and name (with
+        `clear_name`, the name's records are deleted too)."""
         job_key, lock_key = self.keys.job(job.job_id), self.keys.job_lock(job.job_id)
         compare = [
             cmp_absent(job_key),
@@ -411,7 +478,8 @@ class Allocator:
             ops.append(self.job_ip_op(job, i))
         ops.append(op_put(job_key, job.to_json()))
         # the job name is this job's now: the previous owner's records go with it
-        ops.append(op_delete(self.name_records(job.user, job.label), prefix=True))
+        if clear_name:
+            ops.append(op_delete(self.name_records(job.user, job.label), prefix=True))
         ops.append(op_put(self.keys.name(job.user, job.label), name_owner(job.job_id)))
         if lock is not None:
             ops.append(op_delete(lock_key))

@@ -162,6 +162,12 @@ def op_get(key: str, prefix: bool = False) -> Any:
     return RequestOp(request_range=RangeRequest(key=k, range_end=_prefix_end(k) if prefix else b""))
 
 
+def op_keys(prefix: str) -> Any:
+    """The keys under `prefix`, without their values (read with `TxnResult.range_kvs`)."""
+    k = prefix.encode()
+    return RequestOp(request_range=RangeRequest(key=k, range_end=_prefix_end(k), keys_only=True))
+
+
 def op_count(prefix: str) -> Any:
     """Count the keys under `prefix` (read with `TxnResult.range_count`)."""
     k = prefix.encode()
