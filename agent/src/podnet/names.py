@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import ipaddress
 import os
@@ -97,13 +98,23 @@ def is_veth_name(name: str) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=64)
 def zone_path(zone: str) -> str:
     """SkyDNS path of a zone: `lab` -> `/skydns/lab`, `a.b.c` -> `/skydns/c/b/a`."""
     labels = [x for x in zone.strip(".").split(".") if x]
     return "/skydns/" + "/".join(reversed(labels))
 
 
+_OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+_DOTTED = re.compile(rf"{_OCTET}(?:\.{_OCTET}){{3}}")
+
+
 def ptr_key(ip: str) -> str:
+    """SkyDNS key of an IPv4 address's PTR record (`10.1.2.3` -> `.../in-addr/10/1/2/3`)."""
+    # the allocator's own addresses (a 1000-node job: 1000 of them) without ipaddress's
+    # parser; any other form (leading zeros, garbage) goes through it
+    if _DOTTED.fullmatch(ip):
+        return "/skydns/arpa/in-addr/" + ip.replace(".", "/")
     a, b, c, d = ipaddress.IPv4Address(ip).packed
     return f"/skydns/arpa/in-addr/{a}/{b}/{c}/{d}"
 

@@ -550,7 +550,7 @@ class Allocator:
         """Pod `index`'s DNS records (under the job name, the job id, the PTR) and its
         node's marker, as the allocating node writes them while the job owns its name."""
         named, (by_id, ptr, marker) = self._pod_records(job, index, node)
-        rec = {"host": job.ips[index], "ttl": RECORD_TTL}
+        rec = store.json_dumps({"host": job.ips[index], "ttl": RECORD_TTL})
         host = f"pod{index}.{job.job_id}.{job.user}.{self.zone}"
         return [
             op_put(named, rec),
