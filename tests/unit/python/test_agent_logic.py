@@ -56,6 +56,13 @@ def test_keys_and_paths() -> None:
     assert names.block_from_key(k.block("198.18.0.0/26")) == "198.18.0.0/26"
     assert names.zone_path("hpc.example.org") == "/skydns/org/example/hpc"
     assert names.ptr_key("198.18.1.2") == "/skydns/arpa/in-addr/198/18/1/2"
+    # the fast path for dotted addresses agrees with ipaddress; other forms are refused
+    for ip in ("0.0.0.0", "255.255.255.255", "10.9.99.199", "100.64.0.10"):
+        a, b, c, d = ipaddress.IPv4Address(ip).packed
+        assert names.ptr_key(ip) == f"/skydns/arpa/in-addr/{a}/{b}/{c}/{d}"
+    for bad in ("256.1.1.1", "01.2.3.4", "1.2.3", "1.2.3.4 ", "a.b.c.d", "1.2.3.4/32"):
+        with pytest.raises(ValueError):
+            names.ptr_key(bad)
     v = names.new_veth_name()
     assert names.is_veth_name(v) and len(v) <= 15
     assert not names.is_veth_name("pnbr4096")
