@@ -8,14 +8,33 @@ configuration at start, so the role restarts it where the stored configuration c
 setting. Before the fix: the phase-tagged run stopped at the agent's input check (a tagged
 play gathered no facts), and without the restart new pods kept the old setting.
 
+The run leaves out the spare node (as a run with a node down, or --limit, does): the stored
+configuration's host networks and MTU, which come from all nodes, are merged, not replaced.
+A host network only the left-out nodes have (here one the test adds to the stored
+configuration) must stay. Before the fix it was dropped, for every node of the cluster.
+
 The setting stays for the rest of the day-2 module (a search domain nobody resolves); the lab
 goes at the end."""
 
 from __future__ import annotations
 
-from conftest import SPARE, Workload, playbook, recap, ssh, wait_for
+import json
+
+from conftest import CLUSTER, SPARE, Workload, etcdctl, playbook, recap, ssh, wait_for
 
 DOMAIN = "day2-config.example"
+#: a host network of nodes the run leaves out (TEST-NET-3: no lab address is in it)
+LEFT_OUT_NET = "203.0.113.0/24"
+CONFIG = f"/podnet/{CLUSTER}/config"
+
+
+def stored_config() -> dict[str, object]:
+    return dict(json.loads(etcdctl(f"get {CONFIG} --print-value-only")))
+
+
+def put_config(config: dict[str, object]) -> None:
+    value = json.dumps(config, separators=(",", ":")).replace("'", "'\\''")
+    etcdctl(f"put {CONFIG} '{value}'")
 
 
 def resolv_of_new_pod() -> str:
@@ -27,6 +46,10 @@ def resolv_of_new_pod() -> str:
 def test_cluster_configuration_change_reaches_new_pods(work: Workload) -> None:
     assert DOMAIN not in resolv_of_new_pod()
     t0 = float(ssh("c1", "date +%s.%N").stdout)
+    before = stored_config()
+    cidrs = list(before["host_cidrs"])  # type: ignore[call-overload]
+    assert LEFT_OUT_NET not in cidrs, before
+    put_config({**before, "host_cidrs": [*cidrs, LEFT_OUT_NET]})
     setting = f'{{"podnet_search_domains": ["{DOMAIN}"]}}'
     # the deployed nodes: the spare node joins later (scale.yml, test_day2.py)
     out, took = playbook(
@@ -36,6 +59,12 @@ def test_cluster_configuration_change_reaches_new_pods(work: Workload) -> None:
     assert all(r["failed"] == 0 for r in rec.values()), rec
     assert "RUNNING HANDLER [hpc.podnet.agent : Restart podnetd]" in out, out[-3000:]
     print(f"day2: podnet.yml --tags agent_configure (a search domain): {took:.0f} s")
+    assert f"This run leaves out {SPARE}" in out, out[-3000:]
+    after = stored_config()
+    assert DOMAIN in after["search_domains"], after  # type: ignore[operator]
+    assert after["host_cidrs"] == [*cidrs, LEFT_OUT_NET], after
+    # back to what the deployment computed (the domain stays)
+    put_config({**after, "host_cidrs": cidrs})
     # podnetd is back on every node (the handler waits for it) and reads the new setting
     wait_for(lambda: DOMAIN in resolv_of_new_pod(), 60, 2)
     work.check("cluster configuration change", t0)
