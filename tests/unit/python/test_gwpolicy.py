@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet.errors import PodnetError
-from podnet.gateway.nft import ruleset, update
+from podnet.gateway.nft import generation, ruleset, update
 from podnet.gateway.state import Raw, build_state
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
@@ -227,6 +227,57 @@ def test_update_touches_only_what_changed() -> None:
     assert update(gone, build_state(raw)[0]) is None  # the default verdict: a full replace
 
 
+def _forward(text: str, chain: str = "forward") -> list[str]:
+    body = text[text.index(f"chain {chain} {{") :]
+    body = body[body.index("\n") : body.index("}\n")]
+    return [ln.strip() for ln in body.replace("\\\n", "").splitlines() if ln.strip()]
+
+
+def test_flows_the_policy_accepted_skip_it_until_the_generation_changes() -> None:
+    """Issue 24: an established flow whose first packet the policy of this generation
+    accepted is accepted on its conntrack mark; any change of the policy or of the pods
+    is a new generation, so the next packet of every flow meets the policy again (the
+    e2e test_rule_change_applies_to_established_flows_within_a_second)."""
+    st, _ = build_state(_raw())
+    gen = generation(st)
+    assert gen != 0 and gen == generation(build_state(_raw())[0])
+    text = ruleset("198.18.0.0/15", "ext0", "203.0.113.194", st)
+    fwd = _forward(text)
+    assert "hairpin" in fwd[1]  # the hairpin drop stays first
+    assert fwd[2].startswith("ct state established ct mark @generation accept")
+    assert f"set generation {{ type mark; elements = {{ {gen:#x} }}; }}" in text
+    # every accepting verdict of the policy goes through `allowed`, which marks TCP and
+    # UDP flows (their key, daddr . proto . dport, is the same for every packet)
+    assert _forward(text, "allowed") == [
+        f"meta l4proto {{ tcp, udp }} ct mark set {gen:#x}",
+        "accept",
+    ]
+    assert "@u4096_allow counter goto allowed" in text
+    assert "@global_allow counter goto allowed" in text
+    egress = _forward(text, "egress")
+    assert " accept" not in " ".join(egress)
+    # a changed policy: a new generation in the same transaction as the sets
+    raw = _raw()
+    raw.user_pol = {"alice": {"egress": [{"proto": "tcp", "ports": "9001"}]}}
+    new, _ = build_state(raw)
+    cmd = update(st, new)
+    assert cmd is not None and generation(new) != gen
+    assert f"add element inet podnet_gw generation {{ {generation(new):#x} }}" in cmd
+    assert f"ct mark set {generation(new):#x}" in cmd
+    # another pod (an address reused by another user's job): a new generation too
+    raw2 = _raw()
+    raw2.ips["198.18.0.9"] = {"job_id": 9, "node": "c1", "vni": 4097}
+    assert generation(build_state(raw2)[0]) != gen
+    # a publication alone changes no egress verdict: same generation, no generation command
+    raw3 = _raw()
+    raw3.pubs = []
+    st3, _ = build_state(raw3)
+    if st3.published != st.published:
+        cmd3 = update(st, st3)
+        assert cmd3 is not None and "generation" not in cmd3
+    assert generation(st3) == gen
+
+
 @pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("nft") is None or shutil.which("unshare") is None,
     reason="needs root and nft (checks the table in a throwaway network namespace)",
@@ -242,6 +293,8 @@ def test_ruleset_and_updates_load_in_nft() -> None:
     r = _nft_twice(text, cmd)
     assert r.returncode == 0, r.stderr
     assert "u4097" in r.stdout and "u4096" not in r.stdout
+    gen = f"{generation(new):#x}"
+    assert f"elements = {{ {gen} }}" in r.stdout and f"ct mark set {gen}" in r.stdout
 
 
 def _nft_twice(first: str, second: str) -> subprocess.CompletedProcess[str]:

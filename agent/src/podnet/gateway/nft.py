@@ -5,6 +5,8 @@ change from one state to the next (`update`), each applied in one atomic transac
 
 from __future__ import annotations
 
+import hashlib
+
 from podnet.gateway.state import State
 
 try:
@@ -30,7 +32,7 @@ def _user_objects(vni: int, deny: list[str], allow: list[str]) -> str:
         f"add set {t} u{vni}_allow {{ typeof {KEY}; flags interval; {_elems(allow)}}}\n"
         f"add chain {t} u{vni}\n"
         f"add rule {t} u{vni} {KEY} @u{vni}_deny counter drop\n"
-        f"add rule {t} u{vni} {KEY} @u{vni}_allow counter accept\n"
+        f"add rule {t} u{vni} {KEY} @u{vni}_allow counter goto allowed\n"
         f"add element {t} user_chain {{ {vni} : jump u{vni} }}\n"
     )
 
@@ -76,6 +78,37 @@ def _pubs(st: State) -> dict[str, str]:
     return {str(p): f"{ip} . {port}" for p, (ip, port) in st.published.items()}
 
 
+def generation(st: State) -> int:
+    """The policy generation of `st`: a 32-bit digest of everything the egress verdict of
+    a flow depends on (the policy sets, the default and which user each pod address is),
+    never 0 (the conntrack mark of a flow no policy accepted yet). Equal states give equal
+    generations, also on the other gateway, whose flows conntrackd hands over."""
+    c = st.compiled
+    text = repr(
+        (
+            c.default,
+            c.global_deny,
+            c.global_allow,
+            sorted(c.users.items()),
+            sorted(st.pod_vni.items()),
+        )
+    )
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") or 1
+
+
+def _generation_cmds(gen: int) -> str:
+    """The generation in its two places: the set the forward chain's first check looks
+    in, and the mark the `allowed` chain gives the flows the policy accepts."""
+    t = f"inet {TABLE}"
+    return (
+        f"flush set {t} generation\n"
+        f"add element {t} generation {{ {gen:#x} }}\n"
+        f"flush chain {t} allowed\n"
+        f"add rule {t} allowed meta l4proto {{ tcp, udp }} ct mark set {gen:#x}\n"
+        f"add rule {t} allowed accept\n"
+    )
+
+
 def update(old: State, new: State) -> str | None:
     """nft commands (one transaction) from the table of `old` to that of `new`, or None
     when only a full replace will do (the default verdict changed)."""
@@ -94,6 +127,9 @@ def update(old: State, new: State) -> str | None:
         else:
             (od, oa), (nd, na) = oc.users[vni], nc.users[vni]
             cmd += _set_elems(f"u{vni}_deny", od, nd) + _set_elems(f"u{vni}_allow", oa, na)
+    gen = generation(new)
+    if cmd and gen != generation(old):
+        cmd += _generation_cmds(gen)
     return cmd
 
 
@@ -102,7 +138,8 @@ def ruleset(pod_cidr: str, ext_if: str, ext_ip: str, st: State) -> str:
     c = st.compiled
     pods = [f"{ip} : {vni}" for ip, vni in sorted(st.pod_vni.items())]
     pub = [f"{p} : {ip} . {port}" for p, (ip, port) in sorted(st.published.items())]
-    default = "accept" if c.default == "allow" else "drop"
+    default = "goto allowed" if c.default == "allow" else "drop"
+    gen = generation(st)
     users = "".join(_user_objects(vni, *sets) for vni, sets in sorted(c.users.items()))
     return f"""
 add table inet {TABLE}
@@ -113,6 +150,7 @@ table inet {TABLE} {{
     set global_deny {{ typeof {KEY}; flags interval; {_elems(c.global_deny)}}}
     set global_allow {{ typeof {KEY}; flags interval; {_elems(c.global_allow)}}}
     map published {{ typeof tcp dport : ip daddr . tcp dport; {_elems(pub)}}}
+    set generation {{ type mark; elements = {{ {gen:#x} }}; }}
     chain prerouting {{
         type nat hook prerouting priority dstnat; policy accept;
         iifname "{ext_if}" ip daddr {ext_ip} dnat ip to tcp dport map @published
@@ -124,6 +162,8 @@ table inet {TABLE} {{
     chain forward {{
         type filter hook forward priority filter; policy accept;
         ip saddr {pod_cidr} ip daddr {pod_cidr} counter drop comment "hairpin"
+        ct state established ct mark @generation accept \
+comment "a flow the policy of this generation accepted (chain allowed)"
         iifname "{ext_if}" ip daddr {pod_cidr} ct status dnat ct direction original accept
         iifname "{ext_if}" ip daddr {pod_cidr} ct state established,related \
 ct direction reply accept
@@ -137,8 +177,12 @@ ct direction reply accept
         meta mark 0 counter drop comment "not a known pod"
         meta mark vmap @user_chain
         {KEY} @global_deny counter drop
-        {KEY} @global_allow counter accept
+        {KEY} @global_allow counter goto allowed
         counter {default} comment "default"
+    }}
+    chain allowed {{
+        meta l4proto {{ tcp, udp }} ct mark set {gen:#x}
+        accept
     }}
 }}
 {users}"""
