@@ -5,8 +5,6 @@ change from one state to the next (`update`), each applied in one atomic transac
 
 from __future__ import annotations
 
-import hashlib
-
 from podnet.gateway.state import State
 
 try:
@@ -81,19 +79,19 @@ def _pubs(st: State) -> dict[str, str]:
 def generation(st: State) -> int:
     """The policy generation of `st`: a 32-bit digest of everything the egress verdict of
     a flow depends on (the policy sets, the default and which user each pod address is),
-    never 0 (the conntrack mark of a flow no policy accepted yet). Equal states give equal
-    generations, also on the other gateway, whose flows conntrackd hands over."""
+    never 0 (the conntrack mark of a flow no policy accepted yet). Python's hash (0.1 ms
+    at 1000 users x 10 rules, against 3.5 ms for a digest of the text): keyed per
+    process, so a restarted podnet-gatewayd or the other gateway has other generations
+    and every flow meets the policy once more there, then is marked again."""
     c = st.compiled
-    text = repr(
-        (
-            c.default,
-            c.global_deny,
-            c.global_allow,
-            sorted(c.users.items()),
-            sorted(st.pod_vni.items()),
-        )
+    key = (
+        c.default,
+        tuple(c.global_deny),
+        tuple(c.global_allow),
+        tuple((vni, tuple(deny), tuple(allow)) for vni, (deny, allow) in c.users.items()),
+        tuple(st.pod_vni.items()),
     )
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "big") or 1
+    return hash(key) & 0xFFFFFFFF or 1
 
 
 def _generation_cmds(gen: int) -> str:
