@@ -247,7 +247,11 @@ def router_up(gw: str, mtu: int) -> None:
         f"ip route replace {RT_EXT[1]}/32 via {RT_CLUSTER[0]} dev host0 mtu {mtu}",
     )
     ssh("ext", f"ip addr add {RT_EXT[1]}/30 dev host0")
-    ssh("c1", f"ping -c 1 -W 5 -I {RT_CLUSTER[1]} {RT_EXT[1]} >/dev/null")
+    # the router's macvlans are new links with new MACs: a neighbour entry a previous
+    # run left on c1 or ext would send the first packets to the old ones
+    ssh("c1", f"ip neigh flush to {RT_CLUSTER[0]} dev host0")
+    ssh("ext", f"ip neigh flush to {RT_EXT[0]} dev host0")
+    ssh("c1", f"ping -c 3 -W 5 -I {RT_CLUSTER[1]} {RT_EXT[1]} >/dev/null")
 
 
 def router_down(gw: str) -> None:
