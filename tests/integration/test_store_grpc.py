@@ -146,8 +146,13 @@ def test_compacted_watch_relists(etcd_cluster: EtcdCluster) -> None:
         relisted = threading.Event()
 
         def resync() -> int:
+            # set once the re-list has its revision: a put before that read is in the
+            # re-list, not an event (the watch resumes after the re-list's revision), so
+            # the test's put must come after it (set before the read, a put on a busy
+            # machine could land first and never be an event: rehearsal Q, 2026-11-28)
+            rev = e.get_prefix("/it/c/")[1]
             relisted.set()
-            return e.get_prefix("/it/c/")[1]
+            return rev
 
         e.watch_prefix("/it/c/", old, ev, resync)
         assert relisted.wait(10), "the compacted watch did not re-list"
