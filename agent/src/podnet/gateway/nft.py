@@ -125,8 +125,7 @@ def update(old: State, new: State) -> str | None:
         else:
             (od, oa), (nd, na) = oc.users[vni], nc.users[vni]
             cmd += _set_elems(f"u{vni}_deny", od, nd) + _set_elems(f"u{vni}_allow", oa, na)
-    gen = generation(new)
-    if cmd and gen != generation(old):
+    if cmd and (gen := generation(new)) != generation(old):  # nothing changed: no hashing
         cmd += _generation_cmds(gen)
     return cmd
 
