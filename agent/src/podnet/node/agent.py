@@ -489,6 +489,8 @@ def _drop_resolv(dp: Dataplane, name: str, error: BaseException | None) -> None:
 
 
 def _futures(*fs: Future[Any]) -> list[Future[Any]]:
+    """Futures of different result types as one list for `wait` (a list literal of them
+    types as list[object])."""
     return list(fs)
 
 
