@@ -10,7 +10,8 @@ Setup (one "node", as in tests/agent/conftest.py):
 * host veth `pbnv0` 198.19.224.1/28 <-> `ul0` 198.19.224.2/28 in netns `pbn-n1`;
 * etcd on http://198.19.224.1:<free port> (and 127.0.0.1), data in the temp dir,
   cluster `bench`, pod CIDR 198.19.128.0/18 (/26 blocks);
-* one real podnetd in `pbn-n1` (node `pbnode1`), pod netns files under the temp dir;
+* one real podnetd in `pbn-n1` (node `pbnode1`), pod netns files on a tmpfs under the temp
+  dir (a node's /run/netns is on its /run tmpfs);
 * the CNI side: netns `pbn-cnih` plays the node (bridge `pbncni0`, 198.19.192.0/20,
   host-local IPAM data in the temp dir); each CNI pod is a netns `pbnc<i>` made by
   `ip netns add`;
@@ -182,11 +183,15 @@ def ms(seconds: float) -> float:
 
 
 def unmount_netns(netns_dir: Path) -> None:
-    """Lazily unmount podnetd's pod netns files and their directory (a shared mount)."""
+    """Lazily unmount podnetd's pod netns files and their directory (podnetd's shared bind
+    mount, then the bench's tmpfs under it)."""
     if netns_dir.is_dir():
         for f in netns_dir.iterdir():
             sh("umount", "-l", str(f), check=False)
-        sh("umount", "-l", str(netns_dir), check=False)
+        for _ in range(4):
+            if not os.path.ismount(netns_dir):
+                break
+            sh("umount", "-l", str(netns_dir), check=False)
 
 
 class Interrupted(Exception):
@@ -316,6 +321,21 @@ class Bench:
     def start_podnetd(self, nice: int = NICE) -> None:
         self.node_dir.mkdir(parents=True, exist_ok=True)
         self.node_dir.chmod(0o755)
+        # podnetd's netns files on a tmpfs, as under a node's /run/netns (agent_netns_dir):
+        # a Debian node's /run is a tmpfs; this host's temp dir (and /run) is ext4, where
+        # each pod's file cost an inode allocation in the journal
+        netns_dir = self.node_dir / "netns"
+        netns_dir.mkdir(exist_ok=True)
+        if not os.path.ismount(netns_dir):
+            sh(
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                "mode=0755,size=16m",
+                "pbn-bench-netns",
+                str(netns_dir),
+            )
         config = self.node_dir / "podnet.yaml"
         config.write_text(
             json.dumps(
