@@ -339,8 +339,9 @@ class Dataplane:
             raise
 
     def _take_spare(self, mtu: int) -> Spare | None:
-        """A spare namespace for a pod of MTU `mtu`, if one is ready; asks the background
-        thread for more."""
+        """A spare namespace for a pod of MTU `mtu`, if one is ready. The background thread
+        makes more once the pod is wired (`wire_pod`, `discard`: its veth would compete
+        with the pod's own netlink work for RTNL), or at once when none is left."""
         stale: list[Spare] = []
         with self._spare_lock:
             if self._closed:
@@ -354,7 +355,9 @@ class Dataplane:
                     target=self._make_spares, name="spare-netns", daemon=True
                 )
                 self._spare_thread.start()
-        self._spare_wanted.set()
+            urgent = not self._spares
+        if urgent:
+            self._spare_wanted.set()
         for s in stale:
             s.close()
         return spare
@@ -424,6 +427,7 @@ class Dataplane:
     def discard(self, ns: NewNetns) -> None:
         """Undo `new_netns` (the allocation failed); a foreign namespace lives on, without
         the veth."""
+        self._spare_wanted.set()  # as after wire_pod (_take_spare)
         ns.nl.close()
         if ns.foreign:
             self.remove_pod(ns.name, None, ns.veth, pid_namespace=False)
@@ -457,6 +461,8 @@ class Dataplane:
                 spec.name, spec.ip, ns.veth if ns.foreign else "", pid_namespace=not ns.foreign
             )
             raise
+        finally:
+            self._spare_wanted.set()  # the pod's netlink work is done: refill (_take_spare)
         ns.nl.close()
         return ns.veth
 
