@@ -293,7 +293,7 @@ def test_ruleset_and_updates_load_in_nft() -> None:
     r = _nft_twice(text, cmd)
     assert r.returncode == 0, r.stderr
     assert "u4097" in r.stdout and "u4096" not in r.stdout
-    gen = f"{generation(new):#x}"
+    gen = f"0x{generation(new):08x}"  # nft prints a mark with 8 hex digits
     assert f"elements = {{ {gen} }}" in r.stdout and f"ct mark set {gen}" in r.stdout
 
 
