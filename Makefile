@@ -129,6 +129,7 @@ lab-deploy: deps
 
 lab: lab-up
 	$(MAKE) --no-print-directory lab-deploy
+	$(ROOT)/tests/lab/hpk-images.sh
 	$(LAB) summary
 
 lab-down:

@@ -25,6 +25,10 @@
 # in roles/flannel/defaults (flannel_version), the Flannel CNI plugin, and Debian's
 # containernetworking-plugins .deb (see build_flannel, fetch_cni_plugins).
 #
+# podnet-kube (HPK, docs/hpk.md): kube-apiserver, kube-controller-manager and kubectl of one
+# Kubernetes release in one binary, with the control plane's PKI (agent/artifacts/kube; see
+# build_kube). Off the nodes unless a site turns HPK on (podnet_hpk_enabled).
+#
 # cnitool (tests only; see build_cnitool): the CNI project's reference runtime at CNITOOL_VERSION.
 set -euo pipefail
 
@@ -82,6 +86,50 @@ build_coredns() {
     echo "coredns: $out"
     echo "coredns: sha256 $(cut -d' ' -f1 "$out.sha256")"
     echo "coredns: $("$out" -version | tr '\n' ' ')"
+}
+
+# podnet-kube: agent/artifacts/kube's module (k8s.io/kubernetes at the version its go.mod
+# requires, every staging module replaced by its v0.<minor>.<patch> release: the Go module
+# proxy serves k8s.io/kubernetes only that way), ~2,000 packages: about 10 minutes of two
+# cores and 2.5 GB of memory the first time, then cached by its inputs like CoreDNS.
+build_kube() {
+    local src=$here/kube version out inputs tmp t0 minor v pkg ldflags
+    version=$(awk '$1 == "require" && $2 == "k8s.io/kubernetes" { print $3 }
+                   $1 == "k8s.io/kubernetes" && $2 ~ /^v/ { print $2 }' "$src/go.mod" | head -n 1)
+    version=${version#v}
+    [ -n "$version" ] || { echo "build-artifacts: no k8s.io/kubernetes version in $src/go.mod" >&2; return 1; }
+    minor=$(cut -d. -f2 <<<"$version")
+    out=$artifacts/podnet-kube-$version-linux-amd64
+    inputs=$( { cat "$src/go.mod" "$src/go.sum" "${BASH_SOURCE[0]}"; go version
+                (cd "$src" && find . -name '*.go' ! -name '*_test.go' | LC_ALL=C sort | xargs -r sha256sum); } \
+              | sha256sum | cut -c1-16)
+    ldflags="-s -w"
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        for v in "gitVersion=v$version" gitMajor=1 "gitMinor=$minor" gitTreeState=clean gitCommit=podnet \
+                 buildDate=1980-01-01T00:00:00Z; do
+            ldflags="$ldflags -X $pkg.$v"
+        done
+    done
+    (
+        flock 9
+        if [ -x "$out" ] && [ -s "$out.sha256" ] && [ "$(cat "$out.inputs" 2>/dev/null)" = "$inputs" ]; then
+            echo "podnet-kube: cached (inputs $inputs)"
+        else
+            echo "podnet-kube: building Kubernetes $version from the Go module proxy (inputs $inputs)"
+            t0=$SECONDS
+            tmp=$(mktemp "$artifacts/.podnet-kube.XXXXXX")
+            trap 'rm -f "$tmp"' EXIT
+            (cd "$src" && go build -ldflags "$ldflags" -o "$tmp" .)
+            chmod 0755 "$tmp"
+            "$tmp" kubectl version --client 2>&1 | grep -q "Client Version: v$version\$" \
+                || { echo "podnet-kube: built binary does not say v$version" >&2; exit 1; }
+            mv -f "$tmp" "$out"
+            (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
+            echo "$inputs" >"$out.inputs"
+            echo "podnet-kube: built in $((SECONDS - t0)) s"
+        fi
+    ) 9>"$artifacts/.podnet-kube.lock"
+    echo "podnet-kube: $out sha256 $(cut -d' ' -f1 "$out.sha256")"
 }
 
 # apt_download TMP SUITE SOURCE_OPTIONS PACKAGE...: the packages' amd64 .debs in TMP/deb, by
@@ -299,6 +347,7 @@ fetch_deb() {
 }
 
 build_coredns
+build_kube
 fetch_etcd
 fetch_etcd_release
 fetch_apptainer

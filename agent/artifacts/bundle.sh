@@ -8,7 +8,8 @@
 #
 #   coredns-<v>-linux-amd64, flanneld-<v>-linux-amd64, flannel-cni-<v>-linux-amd64,
 #   apptainer_<v>_amd64.deb, containernetworking-plugins_<v>_amd64.deb,
-#   etcd-v<v>-linux-amd64.tar.gz (the etcd role's artifact method: Debian 12 members)
+#   etcd-v<v>-linux-amd64.tar.gz (the etcd role's artifact method: Debian 12 members),
+#   podnet-kube-<v>-linux-amd64 (the hpk role: HPK's control plane, docs/hpk.md)
 #       from $PODNET_CACHE_DIR/artifacts (agent/artifacts/build-artifacts.sh), named by the
 #       roles' defaults (coredns_artifact_name, ...: what the roles look for)
 #   apptainer_<v>+podnet1~deb12_amd64.deb (apptainer_bookworm_artifact_name: Debian 12 nodes)
@@ -51,6 +52,7 @@ files=(
     "$(role_default flannel flannel_cni_plugins_artifact_name)"
     "$(role_default apptainer apptainer_artifact_name)"
     "$(role_default etcd etcd_artifact_name)"
+    "$(role_default hpk hpk_kube_artifact_name)"
 )
 # built on demand, not by make artifacts: in the bundle when built (with its .sha256)
 for f in "$(role_default apptainer apptainer_bookworm_artifact_name)" podnet-debs-bookworm.tar podnet-debs-trixie.tar; do

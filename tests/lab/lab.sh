@@ -414,6 +414,18 @@ cgroup_remove() {   # cgroup_remove NODE|GLOB: depth-first, in every hierarchy; 
     done < <(cgroup_mounts)
     return "$rc"
 }
+# The cluster's shared file system (a site's home or parallel file system): one host
+# directory bound at /shared in every cluster node. HPK keeps each user's state there
+# (/shared/hpk/<user>, the lab's hpk_settings) and the site's images (/shared/images).
+make_shared() {
+    local u name uid
+    install -d -m 0755 "$STATE/shared" "$STATE/shared/hpk" "$STATE/shared/images"
+    for u in $LAB_USERS; do
+        name=${u%%:*}; uid=${u#*:}
+        [ -d "$STATE/shared/hpk/$name" ] || install -d -m 0700 -o "$uid" -g "$uid" "$STATE/shared/hpk/$name"
+    done
+}
+
 write_node_files() {   # write_node_files NODE IP ROOT (the merged tree)
     local node=$1 ip=$2 root=$3 n u name uid home
     printf '%s\n' "$node" >"$root/etc/hostname"
@@ -508,6 +520,7 @@ node_up() {    # node_up NODE: mount, configure, boot, wait for SSH (idempotent)
     cgroup_make "$node"
     local extra=() net=(--network-bridge="$BR") xport=""
     read -r -a extra <<<"$LAB_NSPAWN_ARGS"
+    is_ext "$node" || extra+=(--bind="$STATE/shared:/shared")
     if is_ext "$node"; then
         net=(--network-bridge="$BX")
     elif is_gw "$node"; then   # a second veth, ext0 inside; its host end joins $BX below
@@ -693,6 +706,7 @@ cmd_up() {
     ensure_base
     mkdir -p "$STATE/nodes" "$STATE/ssh" "$STATE/pki"
     chmod 0700 "$STATE/ssh" "$STATE/pki"
+    make_shared
     [ -s "$SSH_KEY" ] || ssh-keygen -q -t ed25519 -N '' -C "podnet-lab-$LAB_NAME" -f "$SSH_KEY"
     save_config
     net_up

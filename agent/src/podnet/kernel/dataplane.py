@@ -649,12 +649,16 @@ class Dataplane:
 
 
 def _inside_new_netns() -> nl.Netlink:
-    """What a new pod namespace gets, run inside it: its netlink socket, and unprivileged
-    ping (best effort: read-only /proc/sys/net; in a fakeroot container too, whose root is
-    a user here)."""
+    """What a new pod namespace gets, run inside it: its netlink socket, unprivileged ping
+    (in a fakeroot container too, whose root is a user here) and ports below 1024 for its
+    user (a pod is one user's alone, as a container's network is: HPK's DNS for Service
+    names listens on port 53 of the user's control plane pod, docs/hpk.md). Best effort:
+    read-only /proc/sys/net."""
     sock = nl.Netlink()
     with contextlib.suppress(OSError):
         netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
+    with contextlib.suppress(OSError):
+        netns.write_sysctl("net.ipv4.ip_unprivileged_port_start", "0")
     return sock
 
 
