@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from podnet.hpk import podspec, podstatus, quantity, runner
+from podnet.hpk import kubelet, podspec, podstatus, quantity, runner, slurm
 from podnet.hpk.settings import Settings, SettingsError, user_state_dir
 from podnet.hpk.slurm import JobState, clean_env
 
@@ -461,3 +461,153 @@ def test_jobs_made_from_a_job_do_not_inherit_its_slurm_variables() -> None:
         {"SLURM_JOB_ID": "3", "SBATCH_PARTITION": "x", "PODNET_POD_IP": "1", "HOME": "/h"}
     )
     assert env == {"HOME": "/h"}
+
+
+# --- the kubelet, against a fake API server and a fake Slurm -------------------------------
+class FakeApi:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str, Any]] = []
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        params: dict[str, Any] | None = None,
+        content_type: str = "application/json",
+    ) -> dict[str, Any]:
+        self.calls.append((method, path, body))
+        if path == "/api/v1/endpoints":
+            return {
+                "items": [
+                    {
+                        "metadata": {"namespace": "default", "name": "web"},
+                        "subsets": [{"addresses": [{"ip": "198.19.0.7"}, {"ip": "198.18.0.9"}]}],
+                    }
+                ]
+            }
+        return {}
+
+    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        self.calls.append(("GET", path, None))
+        return None
+
+    def of(self, method: str, suffix: str) -> list[Any]:
+        return [b for m, p, b in self.calls if m == method and p.endswith(suffix)]
+
+
+class FakeSlurm:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.submitted: list[list[str]] = []
+        self.cancelled: list[str] = []
+        monkeypatch.setattr(slurm, "sbatch", self.sbatch)
+        monkeypatch.setattr(slurm, "scancel", self.scancel)
+        monkeypatch.setattr(slurm, "job_info", lambda job: None)
+
+    def sbatch(self, args: list[str], script: str, env: Any = None) -> str:
+        if any(a.startswith("--cpus-per-task=64") for a in args):
+            raise slurm.SlurmError("sbatch: error: Requested node configuration is not available")
+        self.submitted.append(args)
+        assert env == {
+            "PODNET_HPK_POD": next(a for a in args if a.startswith("--output=")).split("=")[1][:-10]
+        }
+        return str(40 + len(self.submitted))
+
+    def scancel(self, jobs: list[str], signal: str | None = None) -> None:
+        self.cancelled += jobs
+
+
+def test_the_kubelet_binds_submits_reports_and_deletes(
+    tmp_path: Path, images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = FakeApi()
+    fake = FakeSlurm(monkeypatch)
+    settings = Settings(image_dirs=(str(images),))
+    k = kubelet.Kubelet(api, settings, CLUSTER, tmp_path / "state", "198.18.0.5", 10250)  # type: ignore[arg-type]
+    p = pod()
+    k.handle({"type": "ADDED", "object": p})
+    (binding,) = api.of("POST", "/pods/web-1/binding")
+    assert binding["target"] == {"apiVersion": "v1", "kind": "Node", "name": "podnet"}
+    assert not fake.submitted
+    p["spec"]["nodeName"] = "podnet"
+    k.handle({"type": "MODIFIED", "object": p})
+    (args,) = fake.submitted
+    assert "--job-name=web-1" in args
+    (entry,) = k.entries.values()
+    assert (entry.poddir / "job").read_text() == "41\n" and (entry.poddir / "plan.json").exists()
+    # the job pending, then the runner's word: Pending, then Running with the pod's address
+    k.sync({"41": JobState("41", "PENDING", "Priority", "")})
+    assert api.of("PATCH", "/pods/web-1/status")[-1]["status"]["phase"] == "Pending"
+    (entry.poddir / "status.json").write_text(
+        json.dumps(
+            {
+                "phase": "Running",
+                "ip": "198.19.0.7",
+                "node": "c2",
+                "job": "41",
+                "startedAt": "t",
+                "init": [],
+                "containers": [{"name": "c", "state": {"running": {"startedAt": "t"}}}],
+            }
+        )
+    )
+    k.sync(None)
+    st = api.of("PATCH", "/pods/web-1/status")[-1]["status"]
+    assert st["phase"] == "Running" and st["podIP"] == "198.19.0.7"
+    ann = api.of("PATCH", "/namespaces/default/pods/web-1")[-1]["metadata"]["annotations"]
+    assert ann == {"podnet.hpc/slurm-job": "41", "podnet.hpc/slurm-node": "c2"}
+    sent = len(api.calls)
+    k.sync(None)  # nothing changed: nothing sent
+    assert len(api.calls) == sent
+    # kubectl delete: the job is cancelled; once it ended, the pod object goes, then its files
+    p["metadata"]["deletionTimestamp"] = "now"
+    k.handle({"type": "MODIFIED", "object": p})
+    assert fake.cancelled == ["41"]
+    k.sync({"41": JobState("41", "RUNNING", "None", "c2")})
+    assert not api.of("DELETE", "/pods/web-1")
+    k.sync({})
+    (delete,) = api.of("DELETE", "/pods/web-1")
+    assert delete["preconditions"] == {"uid": p["metadata"]["uid"]}
+    assert not entry.poddir.exists() and not k.entries
+
+
+def test_the_kubelet_says_why_a_pod_cannot_run(
+    tmp_path: Path, images: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = FakeApi()
+    fake = FakeSlurm(monkeypatch)
+    k = kubelet.Kubelet(
+        api, Settings(image_dirs=(str(images),)), CLUSTER, tmp_path, "198.18.0.5", 10250
+    )  # type: ignore[arg-type]
+    noimage = pod(nodeName="podnet", containers=[{"name": "c", "image": "nginx"}])
+    toobig = pod(
+        nodeName="podnet",
+        containers=[{"name": "c", "image": "busybox", "resources": {"requests": {"cpu": "64"}}}],
+    )
+    toobig["metadata"] = {**toobig["metadata"], "name": "big", "uid": "fedcba9876543210"}
+    k.handle({"type": "SYNC", "objects": [noimage, toobig]})
+    assert not fake.submitted
+    k.sync({})
+    by_pod = {
+        path.split("/")[-2]: body["status"]
+        for m, path, body in api.calls
+        if path.endswith("/status")
+    }
+    waiting = by_pod["web-1"]["containerStatuses"][0]["state"]["waiting"]
+    assert waiting["reason"] == "ErrImagePull" and str(images / "nginx.sif") in waiting["message"]
+    assert (
+        by_pod["big"]["reason"] == "Unschedulable"
+        and "node configuration" in by_pod["big"]["message"]
+    )
+
+
+def test_service_names_are_the_ready_endpoints(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    api = FakeApi()
+    k = kubelet.Kubelet(api, Settings(), CLUSTER, tmp_path, "198.18.0.5", 10250)  # type: ignore[arg-type]
+    k.dns_sync()
+    hosts = k.dns_hosts.read_text().splitlines()
+    assert "198.19.0.7\tweb.default.svc.cluster.local" in hosts
+    assert "198.18.0.9\tweb.default.svc.cluster.local" in hosts
+    assert "198.18.0.5\tkubernetes.default.svc.cluster.local" in hosts

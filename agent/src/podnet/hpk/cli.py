@@ -239,7 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     down.add_argument("--wait", type=float, default=60, help="seconds to wait for the jobs to end")
     st = sub.add_parser("status", help="where your control plane stands (exit 0: up, 3: down)")
     st.add_argument("--json", action="store_true", help="JSON output")
-    cs = sub.add_parser("check-settings", help="check a site settings file (the hpk role's validate)")
+    cs = sub.add_parser(
+        "check-settings", help="check a site settings file (the hpk role's validate)"
+    )
     cs.add_argument("path", type=Path)
     sub.add_parser("control-plane", help=argparse.SUPPRESS)
     rp = sub.add_parser("run-pod", help=argparse.SUPPRESS)

@@ -161,6 +161,21 @@ class ControlPlane:
             f"the API server did not answer in {seconds:.0f} s (see {self.dir / 'apiserver.log'})"
         )
 
+    def _wait_service_account(self, api: Client, seconds: float) -> None:
+        """Pods are admitted once their namespace's service account exists: the controller
+        manager makes `default`'s soon after it starts."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if api.get("/api/v1/namespaces/default/serviceaccounts/default") is not None:
+                return
+            p = self.procs["controller-manager"]
+            if p.poll() is not None:
+                raise RuntimeError(f"controller-manager exited with {p.returncode}")
+            time.sleep(0.25)
+        raise RuntimeError(
+            f"no default service account after {seconds:.0f} s (controller-manager.log)"
+        )
+
     def run(self) -> int:
         s = self.settings
         kube = s.binary("podnet-kube")
@@ -238,10 +253,10 @@ class ControlPlane:
                 "--use-service-account-credentials=false",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
-                "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-persistentvolume-binder",
                 "--profiling=false",
             ],
         )
+        self._wait_service_account(api, 60)
         dns = self._dns()
         cluster = podspec.Cluster(
             api_host=self.ip,

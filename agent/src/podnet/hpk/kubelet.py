@@ -49,6 +49,7 @@ class Entry:
     sent: str = ""  # the last status sent, as JSON
     deleting: bool = False
     annotated: bool = False
+    done: bool = False  # Succeeded or Failed was sent: nothing changes any more
 
 
 class ApiSources:
@@ -401,6 +402,8 @@ class Kubelet:
         """Every pod's status from Slurm (`jobs`: squeue's, None when not asked this round)
         and its runner's status.json; a pod being deleted goes once its job ended."""
         for entry in list(self.entries.values()):
+            if entry.done and not entry.deleting:
+                continue
             runner = None
             with contextlib.suppress(OSError, ValueError):
                 runner = json.loads((entry.poddir / "status.json").read_text())
@@ -456,6 +459,7 @@ class Kubelet:
                 content_type="application/merge-patch+json",
             )
             entry.sent = text
+            entry.done = st.get("phase") in ("Succeeded", "Failed") and bool(runner or entry.job)
         except ApiError as e:
             if e.status == 404:
                 self._gone(entry)

@@ -114,7 +114,9 @@ def resolve_image(image: str, dirs: list[Path]) -> Path:
     repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "")
     name = repo.rsplit("/", 1)[-1]
     if any(part in ("", ".", "..") for part in repo.split("/")):
-        raise PodSpecError("InvalidImageName", f"image {image!r}: not a name podnet can map to a file")
+        raise PodSpecError(
+            "InvalidImageName", f"image {image!r}: not a name podnet can map to a file"
+        )
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name) or (
         tag and not re.fullmatch(r"[A-Za-z0-9._-]+", tag)
     ):

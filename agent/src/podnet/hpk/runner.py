@@ -8,11 +8,13 @@ time limit): the containers get SIGTERM, then SIGKILL after the grace period."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shlex
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from typing import Any, TextIO
 
 from podnet.hpk.podspec import RUNTIME_NODE, RUNTIME_POD_IP
 
+SIOCGIFADDR = 0x8915
 BACKOFF_FIRST = 10.0
 BACKOFF_MAX = 300.0
 BACKOFF_RESET = 600.0  # a container that ran this long restarts without waiting
@@ -31,18 +34,20 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def pod_ip() -> str:
-    """The pod's address: PODNET_POD_IP when podnet gives it, else the address the pod's
-    routing picks (no packet is sent: a UDP connect only chooses a source)."""
+def pod_ip(interface: str = "eth0") -> str:
+    """The pod's address: PODNET_POD_IP when podnet gives it, else the address of the pod's
+    interface (eth0: docs/user-guide.md "Inside a pod")."""
     ip = os.environ.get("PODNET_POD_IP", "")
     if ip:
         return ip
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            s.connect(("192.0.2.1", 9))  # routing decision only; nothing is sent
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
+            req = struct.pack("256s", interface.encode()[:15])
+            return socket.inet_ntoa(fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)[20:24])
+        except OSError as e:
+            raise RuntimeError(
+                f"no IPv4 address on {interface}: is this job in a podnet pod?"
+            ) from e
 
 
 def write_json(path: Path, data: Any) -> None:
