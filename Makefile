@@ -34,7 +34,7 @@ HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-n
   clang libclang-rt-14-dev
 
 .PHONY: help collection-link collection-tarball release deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
+  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-hpk bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
   check check-tests suite-quick suite-roles suite-labs suite-checks-day2 suite-molecule suite-day2 \
   test-site-install suite-site-install
 
@@ -264,6 +264,11 @@ test-e2e: deps
 
 bench-e2e: deps
 	$(PY) $(ROOT)/tests/bench/bench_e2e.py
+
+# HPK (docs/hpk.md) against `make lab`'s lab (PODNET_E2E_LAB): control plane up, pod start
+# (kubectl apply to Running) beside a plain sbatch of the same Apptainer command, same run.
+bench-hpk: deps
+	$(PY) $(ROOT)/tests/bench/bench_hpk.py
 
 # Container network setup through CNI: the Flannel chain Apptainer runs (issue 10), then
 # the podnet CNI plugin in the same run, on bench-agent's podnetd + etcd setup (its lock).

@@ -70,7 +70,7 @@ build_coredns() {
                 -o "$tmp" .)
             plugins=$("$tmp" -plugins)
             # one name a line; older CoreDNS printed "  dns.<name>"
-            for p in etcd forward cache prometheus health ready reload errors log loop hosts whoami privacy; do
+            for p in etcd file forward cache prometheus health ready reload errors log loop hosts whoami privacy; do
                 grep -qxE "[[:space:]]*(dns\.)?$p" <<<"$plugins" || {
                     printf 'coredns: built binary lacks plugin %s; -plugins said:\n%s\n' "$p" "$plugins" >&2
                     exit 1
@@ -121,7 +121,7 @@ build_kube() {
             trap 'rm -f "$tmp"' EXIT
             (cd "$src" && go build -ldflags "$ldflags" -o "$tmp" .)
             chmod 0755 "$tmp"
-            "$tmp" kubectl version --client 2>&1 | grep -q "Client Version: v$version\$" \
+            "$tmp" kubectl version --client 2>&1 | grep -qx "Client Version: v$version" \
                 || { echo "podnet-kube: built binary does not say v$version" >&2; exit 1; }
             mv -f "$tmp" "$out"
             (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")

@@ -19,6 +19,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/debug"
 	_ "github.com/coredns/coredns/plugin/errors"
 	_ "github.com/coredns/coredns/plugin/etcd"
+	_ "github.com/coredns/coredns/plugin/file" // HPK: a user's Service names (docs/hpk.md)
 	_ "github.com/coredns/coredns/plugin/forward"
 	_ "github.com/coredns/coredns/plugin/health"
 	_ "github.com/coredns/coredns/plugin/hosts"
@@ -61,6 +62,7 @@ var directives = []string{
 	"privacy", // before cache: a cached answer is checked again for each client
 	"cache",
 	"hosts",
+	"file",
 	"etcd",
 	"loop",
 	"forward",

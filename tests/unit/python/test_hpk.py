@@ -607,7 +607,12 @@ def test_service_names_are_the_ready_endpoints(
     api = FakeApi()
     k = kubelet.Kubelet(api, Settings(), CLUSTER, tmp_path, "198.18.0.5", 10250)  # type: ignore[arg-type]
     k.dns_sync()
-    hosts = k.dns_hosts.read_text().splitlines()
-    assert "198.19.0.7\tweb.default.svc.cluster.local" in hosts
-    assert "198.18.0.9\tweb.default.svc.cluster.local" in hosts
-    assert "198.18.0.5\tkubernetes.default.svc.cluster.local" in hosts
+    zone = k.dns_zone.read_text().splitlines()
+    assert zone[0] == "$ORIGIN cluster.local." and " IN SOA " in zone[1]
+    assert (
+        "web.default.svc 5 IN A 198.19.0.7" in zone and "web.default.svc 5 IN A 198.18.0.9" in zone
+    )
+    assert "kubernetes.default.svc 5 IN A 198.18.0.5" in zone
+    serial = zone[1].split()[6]
+    k.dns_sync()  # the same records: the same file, the same serial
+    assert k.dns_zone.read_text().splitlines()[1].split()[6] == serial

@@ -250,7 +250,7 @@ class ControlPlane:
                 f"--kubeconfig={self.dir / 'controller-manager.kubeconfig'}",
                 f"--service-account-private-key-file={p / 'sa.key'}",
                 f"--root-ca-file={p / 'ca.crt'}",
-                "--use-service-account-credentials=false",
+                "--use-service-account-credentials=true",
                 "--leader-elect=false",
                 "--bind-address=127.0.0.1",
                 "--profiling=false",
@@ -269,7 +269,7 @@ class ControlPlane:
         self.kubelet.register()
         self.kubelet.dns_sync()
         if dns == self.ip:
-            self._start_coredns(self.kubelet.dns_hosts)
+            self._start_coredns(self.kubelet.dns_zone)
         serve(
             self.ip,
             KUBELET_PORT,
@@ -308,12 +308,11 @@ class ControlPlane:
         log.warning("port 53 cannot be bound in this pod: Service names will not resolve in pods")
         return self.upstream[0] if self.upstream else "127.0.0.1"
 
-    def _start_coredns(self, hosts: Path) -> None:
+    def _start_coredns(self, zone: Path) -> None:
         dom = self.settings.cluster_domain
         forward = " ".join(self.upstream) or "/etc/resolv.conf"
         corefile = (
-            f"{dom}:53 {{\n  bind {self.ip}\n  hosts {hosts} {{\n    reload 1s\n    ttl 5\n  }}\n"
-            "  errors\n}\n"
+            f"{dom}:53 {{\n  bind {self.ip}\n  file {zone} {{\n    reload 1s\n  }}\n  errors\n}}\n"
             f".:53 {{\n  bind {self.ip}\n  forward . {forward}\n  cache 5\n  errors\n}}\n"
         )
         (self.dir / "Corefile").write_text(corefile)

@@ -100,8 +100,10 @@ class Kubelet:
         self.port = port
         self.pods_dir = state / "pods"
         self.pods_dir.mkdir(parents=True, exist_ok=True)
-        self.dns_hosts = state / "dns" / "hosts"
-        self.dns_hosts.parent.mkdir(parents=True, exist_ok=True)
+        self.dns_zone = state / "dns" / f"{settings.cluster_domain}.zone"
+        self.dns_zone.parent.mkdir(parents=True, exist_ok=True)
+        self._dns_body: str | None = None
+        self._dns_serial = 0
         self.image_dirs = [
             Path(d.format(state=state, home=Path.home())) for d in settings.image_dirs
         ]
@@ -486,31 +488,37 @@ class Kubelet:
 
     # --- Service names -----------------------------------------------------------------
     def dns_sync(self) -> None:
-        """`<svc>.<ns>.svc.<domain>` -> the ready addresses of its endpoints, in the hosts
+        """`<svc>.<ns>.svc.<domain>` -> the ready addresses of its endpoints, in the zone
         file the control plane's CoreDNS serves (headless or not: there is no kube-proxy,
-        so a Service name always gives its pods' podnet addresses, as HPK does)."""
-        dom = self.settings.cluster_domain
-        lines = [f"{self.cluster.api_host}\tkubernetes.default.svc.{dom}"]
+        so a Service name always gives its pods' podnet addresses, as HPK does). Names that
+        are not there get NXDOMAIN (the zone has its SOA)."""
+        records = {("kubernetes.default.svc", self.cluster.api_host)}
         eps = self.api.request("GET", "/api/v1/endpoints")
         for ep in eps.get("items", []):
             meta = ep["metadata"]
             if meta["namespace"] == "default" and meta["name"] == "kubernetes":
                 continue
-            fqdn = f"{meta['name']}.{meta['namespace']}.svc.{dom}"
+            rel = f"{meta['name']}.{meta['namespace']}.svc"
             for subset in ep.get("subsets") or []:
                 for a in subset.get("addresses") or []:
-                    lines.append(f"{a['ip']}\t{fqdn}")
+                    records.add((rel, a["ip"]))
                     if a.get("hostname"):
-                        lines.append(f"{a['ip']}\t{a['hostname']}.{fqdn}")
-        text = "\n".join(sorted(set(lines))) + "\n"
-        try:
-            if self.dns_hosts.read_text() == text:
-                return
-        except OSError:
-            pass
-        tmp = self.dns_hosts.with_name(".hosts.tmp")
+                        records.add((f"{a['hostname']}.{rel}", a["ip"]))
+        body = "".join(f"{name} 5 IN A {ip}\n" for name, ip in sorted(records))
+        if body == self._dns_body:
+            return
+        self._dns_body = body
+        self._dns_serial = max(self._dns_serial + 1, int(time.time()))
+        dom = self.settings.cluster_domain
+        text = (
+            f"$ORIGIN {dom}.\n"
+            f"@ 5 IN SOA ns.dns.{dom}. hostmaster.{dom}. {self._dns_serial} 60 30 3600 5\n"
+            f"@ 5 IN NS ns.dns.{dom}.\n"
+            f"ns.dns 5 IN A {self.cluster.dns_server}\n" + body
+        )
+        tmp = self.dns_zone.with_name(".zone.tmp")
         tmp.write_text(text)
-        tmp.replace(self.dns_hosts)
+        tmp.replace(self.dns_zone)
 
     def dns_loop(self) -> None:
         while not self.stop.wait(1.0):
