@@ -204,7 +204,9 @@ def _on_signal(signum: int, frame: FrameType | None) -> None:
 
 
 class Bench:
-    def __init__(self) -> None:
+    def __init__(self, config: dict[str, Any] | None = None) -> None:
+        #: cluster configuration settings over the bench's own (bench_cni: its quotas)
+        self.config = config or {}
         self.dir = Path(tempfile.mkdtemp(prefix="pbn-bench-"))
         self.dir.chmod(0o755)
         (self.dir / "bench.pid").write_text(f"{os.getpid()}\n")
@@ -315,6 +317,7 @@ class Bench:
                 "search_domains": [],
                 "login_lease_ttl": 30,
                 "login_grace": 5.0,
+                **self.config,
             },
         )
 

@@ -133,7 +133,15 @@ def podnet_phase() -> dict[str, float]:
     import bench_agent  # noqa: PLC0415 (its etcd + podnetd setup)
 
     user = pwd.getpwnam("nobody")
-    b = bench_agent.Bench()
+    # nobody holds N containers at once (the plugin's, then the direct ones): quotas that
+    # fit them (the defaults allow 32 on a node; docs/security.md "Quotas")
+    b = bench_agent.Bench(
+        {
+            "quota_containers_per_node": max(32, N),
+            "quota_containers": max(128, N),
+            "quota_addresses": max(136, N + 8),
+        }
+    )
     try:
         b.remove_leftovers()
         b.underlay()
