@@ -153,7 +153,7 @@ def test_containers_get_env_volumes_and_their_command(tmp_path: Path, images: Pa
     assert env["URL"] == f"http://{podspec.RUNTIME_POD_IP}:8080/ $(x)"
     assert env["KUBERNETES_SERVICE_HOST"] == "198.18.0.5"
     argv = c.argv
-    assert argv[:4] == ["/usr/bin/apptainer", "exec", "--contain", "--cleanenv"]
+    assert argv[:5] == ["/usr/bin/apptainer", "-q", "exec", "--contain", "--cleanenv"]
     assert argv[-5:] == [str(images / "busybox.sif"), "httpd", "-f", "-p", "8080"]
     binds = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
     assert (
@@ -177,8 +177,8 @@ def test_only_args_run_the_image_and_no_command_runs_it_bare(tmp_path: Path, ima
     )
     plan = podspec.plan(p, Settings(), CLUSTER, tmp_path, [images], Src())
     a, b = plan.containers
-    assert a.argv[1] == "run" and a.argv[-2:] == ["-c", "echo hi"]
-    assert b.argv[1] == "run" and b.argv[-1] == str(images / "busybox.sif")
+    assert a.argv[2] == "run" and a.argv[-2:] == ["-c", "echo hi"]
+    assert b.argv[2] == "run" and b.argv[-1] == str(images / "busybox.sif")
 
 
 @pytest.mark.parametrize(

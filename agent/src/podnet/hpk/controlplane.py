@@ -352,15 +352,17 @@ class ControlPlane:
     def _stop(self) -> int:
         if self.kubelet:
             self.kubelet.shutdown()
-        order = ["coredns", "controller-manager", "apiserver", "etcd"]
-        for name in order:
-            p = self.procs.get(name)
-            if p and p.poll() is None:
+        # the API's clients first, etcd last; each gets SIGTERM, then SIGKILL after 15 s
+        for group in (["coredns", "controller-manager"], ["apiserver"], ["etcd"]):
+            procs = [p for name in group if (p := self.procs.get(name)) and p.poll() is None]
+            for p in procs:
                 p.terminate()
+            for p in procs:
                 try:
-                    p.wait(20)
+                    p.wait(15)
                 except subprocess.TimeoutExpired:
                     p.kill()
+                    p.wait()
         with contextlib.suppress(OSError):
             st = json.loads((self.state / "control-plane.json").read_text())
             if st.get("job") == self.job:

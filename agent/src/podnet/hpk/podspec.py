@@ -411,7 +411,14 @@ class _Builder:
         envmap = dict(env)
         command = [expand(a, envmap) for a in c.get("command") or []]
         args = [expand(a, envmap) for a in c.get("args") or []]
-        argv = [self.settings.apptainer, "exec" if command else "run", "--contain", "--cleanenv"]
+        # -q: Apptainer's own notes (a SIF unpacked to a sandbox...) stay out of the pod's log
+        argv = [
+            self.settings.apptainer,
+            "-q",
+            "exec" if command else "run",
+            "--contain",
+            "--cleanenv",
+        ]
         argv += ["--env-file", str(self.poddir / f"env/{name}.env")]
         argv += ["--bind", f"{self.poddir / 'resolv.conf'}:/etc/resolv.conf"]
         argv += ["--bind", f"{self.poddir / 'hosts'}:/etc/hosts"]
