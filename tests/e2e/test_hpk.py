@@ -158,12 +158,13 @@ def images() -> None:
 def _cluster(user: str) -> Iterator[dict[str, Any]]:
     """`user`'s control plane, up as they type `podnet-hpk up`; down at the end whatever
     happened."""
+    ssh(f"{user}@login", "podnet-hpk down --purge", check=False, timeout=180)
     try:
         out = ssh(f"{user}@login", "podnet-hpk up", timeout=400).stdout
         assert "API server ready" in out, out
         yield json.loads(ssh(f"{user}@login", "podnet-hpk status --json").stdout)
     finally:
-        ssh(f"{user}@login", "podnet-hpk down", check=False, timeout=180)
+        ssh(f"{user}@login", "podnet-hpk down --purge", check=False, timeout=180)
 
 
 @pytest.fixture(scope="module")

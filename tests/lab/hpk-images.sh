@@ -3,7 +3,8 @@
 # The lab's HPK images (docs/hpk.md): /shared/images/busybox.sif, built on one node of the lab
 # (Apptainer is there once site.yml ran) from Debian's busybox-static (the lab image's): every
 # applet (sh, httpd, wget, nc, ...) linked, a runscript that runs its arguments (or sh), made
-# readable by everyone. Skipped when it exists and was built from the same inputs.
+# readable by everyone; iputils' ping (unprivileged ICMP) in place of busybox's. Skipped
+# when it exists and was built from the same inputs.
 #   tests/lab/hpk-images.sh [NODE]     (LAB_NAME as for lab.sh; NODE default c1)
 set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -27,6 +28,14 @@ for a in $("$root/bin/busybox" --list); do
     [ "$a" = busybox ] || ln -s busybox "$root/bin/$a"
 done
 ln -s bin "$root/sbin"
+# iputils' ping instead of busybox's (which needs a raw socket: root): unprivileged ICMP
+# through the pod's ping_group_range, with the libraries it links
+rm -f "$root/bin/ping"
+cp /usr/bin/ping "$root/bin/ping"
+for lib in $(ldd /usr/bin/ping | grep -o '/[^ ]*'); do
+    mkdir -p "$root$(dirname "$lib")"
+    cp -L "$lib" "$root$lib"
+done
 printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n' >"$root/etc/passwd"
 printf 'root:x:0:\nnogroup:x:65534:\n' >"$root/etc/group"
 printf 'export PATH=/bin\n' >"$root/.singularity.d/env/90-podnet.sh"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -181,10 +182,19 @@ def cmd_down(args: argparse.Namespace, settings: Settings) -> int:
     except slurm.SlurmError as e:
         print(f"podnet-hpk: {e}", file=sys.stderr)
         return 1
-    if jobs:
+    if args.purge:
+        for sub in ("control-plane", "pods", "dns"):
+            shutil.rmtree(state / sub, ignore_errors=True)
+        for f in ("control-plane.json", "kubeconfig", "control-plane.log"):
+            (state / f).unlink(missing_ok=True)
+        print(
+            f"podnet-hpk: {'control plane (job ' + jobs[0] + ') stopped, ' if jobs else ''}"
+            f"its state removed from {state}: the next `podnet-hpk up` makes a new cluster"
+        )
+    elif jobs:
         print(
             f"podnet-hpk: control plane (job {jobs[0]}) stopped; its state stays in {state} "
-            "(`podnet-hpk up` resumes)"
+            "(`podnet-hpk up` resumes; `podnet-hpk down --purge` removes it)"
         )
     return 0
 
@@ -237,6 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     down = sub.add_parser("down", help="stop your control plane and every pod's job")
     down.add_argument("--wait", type=float, default=60, help="seconds to wait for the jobs to end")
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also remove the cluster's state (objects, keys, pods' files): "
+        "the next up makes a new cluster",
+    )
     st = sub.add_parser("status", help="where your control plane stands (exit 0: up, 3: down)")
     st.add_argument("--json", action="store_true", help="JSON output")
     cs = sub.add_parser(
