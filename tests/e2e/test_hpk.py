@@ -259,11 +259,11 @@ def test_another_user_reaches_nothing_of_alice_and_resolves_none_of_her_names(
             'probe() { if "$@" >/dev/null 2>&1; then echo REACH; else echo BLOCKED; fi; }',
             # controls: bob's own API server answers the same probes
             f"echo own-tcp $(probe nc -w 3 {b['ip']} 6443 </dev/null)",
-            f"echo own-icmp $(probe ping -c 1 -W 2 {b['ip']})",
+            f"echo own-icmp $(probe /bin/ping -c 1 -W 2 {b['ip']})",
             f"echo own-udp $(probe nslookup kubernetes.default.svc.cluster.local {b['ip']})",
             *[f"echo tcp-{t} $(probe nc -w 3 {t} 8080 </dev/null)" for t in targets[:2]],
             f"echo api-{a['ip']} $(probe nc -w 3 {a['ip']} 6443 </dev/null)",
-            *[f"echo icmp-{t} $(probe ping -c 1 -W 2 {t})" for t in targets],
+            *[f"echo icmp-{t} $(probe /bin/ping -c 1 -W 2 {t})" for t in targets],
             f"echo udp-dns-{a['ip']} $(probe nslookup web.default.svc.cluster.local {a['ip']})",
             "echo svc-name $(nslookup web.default.svc.cluster.local >/dev/null 2>&1"
             " && echo RESOLVES || echo NXDOMAIN)",
