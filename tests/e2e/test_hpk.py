@@ -254,6 +254,7 @@ def test_another_user_reaches_nothing_of_alice_and_resolves_none_of_her_names(
     a, b = alice, bob
     ps = kpods("alice")
     targets = [ps["web-c1"]["status"]["podIP"], ps["web-c2"]["status"]["podIP"], a["ip"]]
+    # /bin/ping: iputils' (tests/lab/hpk-images.sh); busybox's sh would run its own applet
     probe = "\n".join(
         [
             'probe() { if "$@" >/dev/null 2>&1; then echo REACH; else echo BLOCKED; fi; }',
