@@ -219,7 +219,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
         print("down: never started (podnet-hpk up)")
     else:
         why = f"{job.state} ({job.reason})" if job else "gone from Slurm"
-        if job and job.state == "TIMEOUT":
+        if job and (job.state == "TIMEOUT" or job.reason == "TimeLimit"):
             why = "TIMEOUT: it reached its time limit"
         print(
             f"down: job {cp.get('job')} {why}; {cp.get('ended', '')}".rstrip("; ")
