@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -37,6 +39,21 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         libc.mallopt(M_ARENA_MAX, arenas)
     except (OSError, AttributeError):
         pass
+
+
+#: file descriptors podnetd needs beside its connections (etcd, netlink, namespaces, logs)
+FD_MARGIN = 512
+
+
+def raise_fd_limit(sockets: int) -> None:
+    """The soft RLIMIT_NOFILE up to what the connection bounds need (in service and waiting,
+    plus a margin), within the hard limit: systemd gives services a soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = sockets + FD_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,8 +86,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"podnetd: etcd unavailable at start: {e}", file=sys.stderr)
         return 3
     limits = Limits(
-        cfg.read_timeout, cfg.max_connections, cfg.root_connections, cfg.max_connections_per_user
+        cfg.read_timeout,
+        cfg.max_connections,
+        cfg.root_connections,
+        cfg.max_connections_per_user,
+        cfg.max_waiting_per_user,
+        cfg.max_waiting,
+        cfg.wait_timeout,
     )
+    raise_fd_limit(cfg.max_connections + cfg.max_waiting)
     server = Server(Handler(agent), cfg.socket, limits)
     server.bind()
     if cfg.metrics:
