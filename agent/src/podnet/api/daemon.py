@@ -16,7 +16,7 @@ import sys
 import threading
 from types import FrameType
 
-from podnet import __version__
+from podnet import __version__, logs
 from podnet.api.handlers import Handler
 from podnet.api.metrics import start_metrics
 from podnet.api.server import Limits, Server
@@ -67,23 +67,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = NodeConfig.load(args.config)
     except ConfigError as e:
-        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: configuration error: {e}")
         return 2
     if args.check_config:
         print(f"podnetd: {args.config}: ok")
         return 0
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(cfg.log_level)
     limit_malloc_arenas()
     agent = Agent(cfg)
     try:
         agent.start()
     except ConfigError as e:
-        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: configuration error: {e}")
         return 2
     except (EtcdUnavailable, EtcdRequestError) as e:
-        print(f"podnetd: etcd unavailable at start: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: etcd unavailable at start: {e}")
         return 3
     limits = Limits(
         cfg.read_timeout,
