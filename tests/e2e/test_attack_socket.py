@@ -17,7 +17,7 @@ from conftest import LAB, REPO, ssh, wait_for
 
 HOLD_S = 60
 #: podnetd's wait_timeout (docs/api.md "Connections")
-WAIT_TIMEOUT_S = 20
+WAIT_TIMEOUT_S = 30
 HOLDER = f"""
 import socket, time
 def opened():
@@ -66,7 +66,7 @@ def test_a_user_holding_the_agent_socket_blocks_nobody() -> None:
         assert holder.poll() is None, "the holder stopped early: the test proved nothing"
         # alice's own extra request waits behind her held connections (docs/api.md
         # "Connections"): refused at once while her queue is full, else after at most
-        # wait_timeout (20 s) unless her turn came; a refusal names her uid
+        # wait_timeout (30 s) unless her turn came; a refusal names her uid
         t0 = time.monotonic()
         mine = ssh("alice@login", "podnet pods", check=False)
         took = time.monotonic() - t0

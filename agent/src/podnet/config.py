@@ -139,7 +139,7 @@ class NodeConfig:
     #: "Connections"): at most this many per user, `max_waiting` in all, `wait_timeout` s each
     max_waiting_per_user: int = 64
     max_waiting: int = 256
-    wait_timeout: float = 20.0
+    wait_timeout: float = 30.0
     roles: list[str] = field(default_factory=list)
     log_level: str = "info"
     #: users (names or uids) whose host-side sockets may open connections to pods:

@@ -66,7 +66,7 @@ class Limits:
     #: waiting connections of all users together
     max_waiting: int = 256
     #: seconds a connection may wait for its slot (then EUNAVAIL)
-    wait_timeout: float = 20.0
+    wait_timeout: float = 30.0
 
 
 @dataclass
