@@ -371,9 +371,9 @@ int pns_step_post_opt(struct pn_spank *st, spank_t sp)
 		pns_set_pending(st, "podnet: cannot get the job/step id");
 		return 0;
 	}
-	if (step_id == SLURM_EXTERN_CONT)
+	if (step_id == SLURM_EXTERN_CONT) {
 		pns_extern_up(st, sp, job_id);
-	else {
+	} else {
 		step_join(st, sp, job_id, step_id);
 		export_pod_env(st, sp);
 	}
