@@ -232,7 +232,8 @@ typedef struct {
 	/* members seen (duplicates are malformed) */
 	int seen_v, seen_ok, seen_error, seen_pod, seen_released;
 	int seen_code, seen_msg;
-	int seen_name, seen_netns, seen_ip, seen_user, seen_uid;
+	int seen_name, seen_netns, seen_ip, seen_user, seen_uid, seen_fqdn,
+	    seen_domain;
 	int seen_cni_out, seen_cni_rc;
 } jp_t;
 
@@ -547,6 +548,12 @@ static int jmember(jp_t *j, enum jctx ctx, const char *key, int key_ok)
 					  sizeof(r->pod_user), "user", 0);
 		if (!strcmp(key, "uid"))
 			return jint_field(j, &j->seen_uid, &r->pod_uid, "uid");
+		if (!strcmp(key, "fqdn"))
+			return jstr_field(j, &j->seen_fqdn, r->pod_fqdn,
+					  sizeof(r->pod_fqdn), "fqdn", 0);
+		if (!strcmp(key, "domain"))
+			return jstr_field(j, &j->seen_domain, r->pod_domain,
+					  sizeof(r->pod_domain), "domain", 0);
 		break;
 	case J_OTHER:
 		break;

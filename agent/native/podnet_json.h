@@ -68,6 +68,8 @@ typedef struct {
 	char pod_ip[64];     /* pod.ip */
 	char pod_user[64];   /* pod.user */
 	long long pod_uid;   /* pod.uid, -1 if absent */
+	char pod_fqdn[256];  /* pod.fqdn: its unique DNS name (job: by job id) */
+	char pod_domain[256]; /* pod.domain: a job pod's job domain (by job id) */
 	int released;        /* "released": 1 true, 0 false, -1 absent */
 	/* op "cni" (the podnet CNI plugin, podnet_cni.c): what the plugin prints
 	 * and its exit status; cni_rc -1 if absent */

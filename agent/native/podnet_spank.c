@@ -4,12 +4,16 @@
  * This file is the dispatch: Slurm's entry points, each handed with the
  * plugin's one state (struct pn_spank, podnet_spank.h) to its context's file.
  *
- *   srun, sbatch, salloc  init: --podnet=yes|no, --podnet-image   _opts.c
+ *   srun, sbatch, salloc  init: --podnet=yes|no, --podnet-image,
+ *                         their environment forms PODNET=,
+ *                         PODNET_IMAGE=                           _opts.c
  *   extern step           init_post_opt: job_up; exit: job_down
  *                         (Slurm >= 24.11)                        _extern.c
  *   batch step, step 0..N init_post_opt: job_get (job_up if the
  *                         pod is missing), setns() before the MPI
  *                         plugin's threads and the task forks;
+ *                         PODNET_POD_NAME, PODNET_POD_IP,
+ *                         PODNET_JOB_DOMAIN for the tasks;
  *                         on the host network (--podnet=no, or no
  *                         pod): slurmstepd in the cgroup
  *                         podnet-stepd until user_init            _step.c
@@ -75,9 +79,15 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 
 int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 {
+	spank_context_t ctx = spank_context();
+
 	(void) ac;
 	(void) av;
-	return spank_context() == S_CTX_REMOTE ? pns_step_post_opt(&st, sp) : 0;
+	if (ctx == S_CTX_REMOTE)
+		return pns_step_post_opt(&st, sp);
+	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR)
+		pns_local_post_opt(&st);
+	return 0;
 }
 
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)

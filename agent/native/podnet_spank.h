@@ -20,6 +20,9 @@
  *   podnet_spank_task.c        the task callbacks: the tasks' PID namespace,
  *                              the check that a task is in its pod, the image
  *   podnet_spank_job_script.c  the job prolog and epilog (slurmd)
+ *   podnet_spank_env.[ch]      the environment: PODNET_POD_NAME,
+ *                              PODNET_POD_IP, PODNET_JOB_DOMAIN for the
+ *                              tasks; PODNET=, PODNET_IMAGE= for the options
  *   podnet_spank_slurm.h       what differs between Slurm releases
  *
  * Each slurmstepd, srun, sbatch, salloc and slurmd loads the plugin afresh:
@@ -33,6 +36,7 @@
 #include <sys/types.h>
 
 #include "podnet_json.h"
+#include "podnet_spank_env.h"
 #include "podnet_spank_slurm.h"
 #include "podnet_transport.h"
 
@@ -54,11 +58,15 @@ struct pn_spank {
 	/* the options */
 	int opt_out;                 /* --podnet=no given (and allowed) */
 	char user_image[PATH_MAX];   /* --podnet-image ("none": no image) */
+	unsigned env_forms_set;      /* srun/sbatch/salloc: Slurm forms set from
+					PODNET_* (podnet_spank_env.h) */
 	/* slurmstepd: the step's pod */
 	int joined;                  /* main thread is in the pod */
 	dev_t pod_dev;               /* identity of the pod's netns */
 	ino_t pod_ino;
 	char pod_name[64];
+	struct pns_pod_env pod_env;  /* PODNET_POD_* for the tasks */
+	int pod_env_ok;              /* pod_env is the joined pod's */
 	char pending_error[768];     /* reported to the user in the task */
 	int pidns_fd;                /* the pod's PID namespace (none: -1) */
 	int host_pidns_fd;           /* slurmstepd's own, to return to */
@@ -93,6 +101,9 @@ int pns_init(struct pn_spank *st, spank_t sp, int ac, char **av,
 /* the options' callbacks: --podnet=yes|no, --podnet-image=IMAGE|none */
 int pns_opt_podnet(struct pn_spank *st, const char *optarg);
 int pns_opt_image(struct pn_spank *st, const char *optarg);
+/* slurm_spank_init_post_opt in srun, sbatch, salloc: the Slurm forms of the
+ * options pns_init set from PODNET_* go again (the tasks keep PODNET_*) */
+void pns_local_post_opt(struct pn_spank *st);
 
 /* ---- podnet_spank_podnetd.c ---- */
 long long pns_mono_ms(void);

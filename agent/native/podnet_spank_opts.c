@@ -16,7 +16,10 @@
  *   image_exec=PATH   podnet-image-exec (default
  *                     /usr/local/lib/podnet/podnet-image-exec)
  * Options: --podnet=yes|no (no only with allow_opt_out=1),
- * --podnet-image=IMAGE|none.
+ * --podnet-image=IMAGE|none; in srun, sbatch and salloc also from the
+ * environment, PODNET=yes|no and PODNET_IMAGE=IMAGE|none, through Slurm's own
+ * environment form of a SPANK option (podnet_spank_env.h): the same callbacks
+ * check them, and the command line wins.
  */
 #include <stdio.h>
 #include <string.h>
@@ -101,14 +104,27 @@ int pns_parse_args(struct pns_cfg *cfg, int ac, char **av)
 int pns_init(struct pn_spank *st, spank_t sp, int ac, char **av,
 	     struct spank_option *opts)
 {
+	spank_context_t ctx = spank_context();
+
 	if (pns_parse_args(&st->cfg, ac, av) < 0)
 		return -1;
+	/* before srun, sbatch or salloc read their environment and arguments:
+	 * the user's process, the user's environment (never slurmd's or
+	 * slurmstepd's: there the job's options come from Slurm) */
+	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR)
+		st->env_forms_set = pns_env_forms_apply("podnet");
 	if (spank_option_register(sp, &opts[PNS_OPT_PODNET]) != ESPANK_SUCCESS ||
 	    spank_option_register(sp, &opts[PNS_OPT_IMAGE]) != ESPANK_SUCCESS) {
 		slurm_error("podnet: cannot register --podnet/--podnet-image");
 		return -1;
 	}
 	return 0;
+}
+
+void pns_local_post_opt(struct pn_spank *st)
+{
+	pns_env_forms_clear("podnet", st->env_forms_set);
+	st->env_forms_set = 0;
 }
 
 int pns_opt_podnet(struct pn_spank *st, const char *optarg)
@@ -118,8 +134,8 @@ int pns_opt_podnet(struct pn_spank *st, const char *optarg)
 		return 0;
 	}
 	if (strcmp(optarg, "no") != 0) {
-		slurm_error("podnet: --podnet=%s: use --podnet=yes or "
-			    "--podnet=no", optarg);
+		slurm_error("podnet: --podnet=%s (or PODNET=%s): use yes or "
+			    "no", optarg, optarg);
 		return -1;
 	}
 	if (!st->cfg.allow_opt_out) {
@@ -134,9 +150,10 @@ int pns_opt_podnet(struct pn_spank *st, const char *optarg)
 int pns_opt_image(struct pn_spank *st, const char *optarg)
 {
 	if (!image_arg_ok(optarg)) {
-		slurm_error("podnet: --podnet-image=%s: give the absolute path of "
-			    "a SIF file or of an image directory on the compute "
-			    "nodes, or none", optarg ? optarg : "");
+		slurm_error("podnet: --podnet-image=%s (or PODNET_IMAGE): give "
+			    "the absolute path of a SIF file or of an image "
+			    "directory on the compute nodes, or none",
+			    optarg ? optarg : "");
 		return -1;
 	}
 	snprintf(st->user_image, sizeof(st->user_image), "%s", optarg);

@@ -5,8 +5,10 @@
  * salloc's interactive step and every srun step put slurmstepd's main thread
  * into the pod (job_get, job_up if the pod is missing, setns) BEFORE the MPI
  * plugin starts its threads and before the tasks fork, and open the pod's PID
- * namespace for the task forks (podnet_spank_task.c). A step left on the
- * host network keeps slurmstepd in the cgroup podnet-stepd until user_init.
+ * namespace for the task forks (podnet_spank_task.c), and tell the tasks
+ * their pod (PODNET_POD_NAME, PODNET_POD_IP, PODNET_JOB_DOMAIN). A step left
+ * on the host network keeps slurmstepd in the cgroup podnet-stepd until
+ * user_init.
  */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
@@ -146,6 +148,11 @@ static void step_join(struct pn_spank *st, spank_t sp, uint32_t job_id,
 					"another user; refusing it");
 			return;
 		}
+		st->pod_env_ok = pns_pod_env(&rep, &st->pod_env, why,
+					     sizeof(why)) == 0;
+		if (!st->pod_env_ok)
+			slurm_info("podnet: job %u step %u: no PODNET_POD_* "
+				   "for the tasks: %s", job_id, step_id, why);
 	} else if (rc == PN_CALL_E_CONNECT) {
 		/* daemon down (restarting?): the pod may still exist */
 		snprintf(fallback, sizeof(fallback), PN_NETNS_DIR "pn-j%u",
@@ -329,6 +336,31 @@ int pns_in_stepd_cgroup(void)
 	       (cg[n] == '\0' || cg[n] == '/');
 }
 
+/*
+ * The tasks' and the batch script's PODNET_POD_NAME, PODNET_POD_IP and
+ * PODNET_JOB_DOMAIN (podnet_spank_env.h): the joined pod's, or none at all (a
+ * step on the host network, a pod podnetd did not describe): a value the
+ * user's environment brought along never passes for the pod's.
+ */
+static void export_pod_env(struct pn_spank *st, spank_t sp)
+{
+	const char *const vars[] = { PNS_ENV_POD_NAME, PNS_ENV_POD_IP,
+				     PNS_ENV_JOB_DOMAIN };
+	const char *vals[] = { st->pod_env.name, st->pod_env.ip,
+			       st->pod_env.domain };
+	int i, ok = st->joined && st->pod_env_ok;
+
+	for (i = 0; ok && i < 3; i++)
+		if (spank_setenv(sp, vars[i], vals[i], 1) != ESPANK_SUCCESS) {
+			slurm_error("podnet: cannot set %s for the tasks",
+				    vars[i]);
+			ok = 0;
+		}
+	if (!ok)
+		for (i = 0; i < 3; i++)
+			(void) spank_unsetenv(sp, vars[i]);
+}
+
 /* slurm_spank_init_post_opt in slurmstepd */
 int pns_step_post_opt(struct pn_spank *st, spank_t sp)
 {
@@ -339,10 +371,12 @@ int pns_step_post_opt(struct pn_spank *st, spank_t sp)
 		pns_set_pending(st, "podnet: cannot get the job/step id");
 		return 0;
 	}
-	if (step_id == SLURM_EXTERN_CONT)
+	if (step_id == SLURM_EXTERN_CONT) {
 		pns_extern_up(st, sp, job_id);
-	else
+	} else {
 		step_join(st, sp, job_id, step_id);
+		export_pod_env(st, sp);
+	}
 	/* on the host network, srun may be in a pod (see stepd_cgroup_enter) */
 	if (!st->joined && step_id != SLURM_EXTERN_CONT &&
 	    step_id != SLURM_BATCH_SCRIPT)

@@ -56,12 +56,12 @@ def images() -> Iterator[None]:
 
 
 def srun(
-    args: str, cmd: str, check: bool = True, timeout: float = 180
+    args: str, cmd: str, check: bool = True, timeout: float = 180, env: str = ""
 ) -> subprocess.CompletedProcess[str]:
-    """`srun` as alice from the login node."""
+    """`srun` as alice from the login node (`env`: VAR=value words before it)."""
     return ssh(
         "alice@login",
-        f"cd /tmp && srun -t 5 {args} {cmd}",
+        f"cd /tmp && {env} srun -t 5 {args} {cmd}",
         check=check,
         timeout=timeout,
     )
@@ -183,3 +183,16 @@ def test_a_relative_image_path_is_refused_at_submission() -> None:
     p = srun("-N1 -w c1 --podnet-image=x.sif", "true", check=False)
     assert p.returncode != 0
     assert "absolute path" in p.stderr, p.stderr
+
+
+def test_the_environment_form_podnet_image_and_the_command_line_wins() -> None:
+    """PODNET_IMAGE=IMAGE is --podnet-image=IMAGE (issue 35, item 4); --podnet-image=none on
+    the command line wins; a relative path there is refused naming the variable."""
+    look = "sh -c 'cat /etc/podnet-image 2>/dev/null || echo host'"
+    got = srun("-N1 -w c1", look, env=f"PODNET_IMAGE={DIR}").stdout.split()
+    assert got == ["podnet-dir-image"], got
+    got = srun("-N1 -w c1 --podnet-image=none", look, env=f"PODNET_IMAGE={DIR}").stdout.split()
+    assert got == ["host"], got
+    p = srun("-N1 -w c1", "true", check=False, env="PODNET_IMAGE=x.sif")
+    assert p.returncode != 0
+    assert "PODNET_IMAGE" in p.stderr and "absolute path" in p.stderr, p.stderr

@@ -79,9 +79,9 @@ export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_m
 # what a user does on a Debian 12 node, after the deployment: jobs in pods, their names and
 # MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify,
 # SSH sessions into job and login pods and the SSH attacks, containers in pods (Apptainer) and
-# steps in container images.
+# steps in container images, what a task is told of its pod (Slurm 22.05's SPANK).
 export PODNET_SITE_E2E="python -m pytest -q -p no:cacheprovider --durations=10 \
-  $ROOT/tests/e2e/test_jobs.py $ROOT/tests/e2e/test_native_artifacts.py \
+  $ROOT/tests/e2e/test_jobs.py $ROOT/tests/e2e/test_task_env.py $ROOT/tests/e2e/test_native_artifacts.py \
   $ROOT/tests/e2e/test_verify.py $ROOT/tests/e2e/test_optout.py \
   $ROOT/tests/e2e/test_ssh.py $ROOT/tests/e2e/test_attack_ssh.py \
   $ROOT/tests/e2e/test_apptainer.py $ROOT/tests/e2e/test_images.py"

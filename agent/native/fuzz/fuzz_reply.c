@@ -27,7 +27,9 @@ static int same(const pn_reply_t *a, const pn_reply_t *b)
 	       !strcmp(a->err_msg, b->err_msg) &&
 	       !strcmp(a->pod_name, b->pod_name) &&
 	       !strcmp(a->pod_netns, b->pod_netns) &&
-	       !strcmp(a->pod_ip, b->pod_ip) && !strcmp(a->pod_user, b->pod_user);
+	       !strcmp(a->pod_ip, b->pod_ip) && !strcmp(a->pod_user, b->pod_user) &&
+	       !strcmp(a->pod_fqdn, b->pod_fqdn) &&
+	       !strcmp(a->pod_domain, b->pod_domain);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -58,7 +60,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		abort();
 	if (!FIELD_OK(a.err_code) || !FIELD_OK(a.err_msg) ||
 	    !FIELD_OK(a.pod_name) || !FIELD_OK(a.pod_netns) ||
-	    !FIELD_OK(a.pod_ip) || !FIELD_OK(a.pod_user))
+	    !FIELD_OK(a.pod_ip) || !FIELD_OK(a.pod_user) ||
+	    !FIELD_OK(a.pod_fqdn) || !FIELD_OK(a.pod_domain))
 		abort();
 
 	/* the wire form: the same object and a newline */

@@ -6,7 +6,7 @@
  *   json_filter escape   each record -> pn_json_escape(record) + "\n"
  *   json_filter reply    each record -> "ERR\n", or
  *                        "OK <ok> <v> <released> <pod_uid> <code> <message>
- *                            <name> <netns> <ip> <user>\n"
+ *                            <name> <netns> <ip> <user> <fqdn> <domain>\n"
  *                        (strings in hex, "-" when empty)
  * Records on stdin: a 4-byte little-endian length, then that many bytes.
  */
@@ -62,6 +62,8 @@ int main(int argc, char **argv)
 		hex(r.pod_netns);
 		hex(r.pod_ip);
 		hex(r.pod_user);
+		hex(r.pod_fqdn);
+		hex(r.pod_domain);
 		putchar('\n');
 	}
 	return 0;

@@ -134,8 +134,28 @@ static void test_reply_ok(void)
 	CHECK(rc == 0 && rep.ok == 1 && !strcmp(rep.pod_name, "pn-j42") &&
 		      !strcmp(rep.pod_netns, "/run/netns/pn-j42") &&
 		      !strcmp(rep.pod_ip, "198.18.0.5") &&
-		      !strcmp(rep.pod_user, "alice") && rep.pod_uid == 1001,
+		      !strcmp(rep.pod_user, "alice") && rep.pod_uid == 1001 &&
+		      rep.pod_fqdn[0] == '\0' && rep.pod_domain[0] == '\0',
 	      "reply: api.md pod example (%s)", why);
+
+	rc = parse("{\"v\":1,\"ok\":true,\"pod\":{\"kind\":\"job\","
+		   "\"name\":\"pn-j42\",\"ip\":\"198.18.0.5\","
+		   "\"names\":[\"pod0.train.alice.lab\",\"pod0.42.alice.lab\"],"
+		   "\"fqdn\":\"pod0.42.alice.lab\",\"domain\":\"42.alice.lab\"}}",
+		   &rep, why, sizeof(why));
+	CHECK(rc == 0 && !strcmp(rep.pod_fqdn, "pod0.42.alice.lab") &&
+		      !strcmp(rep.pod_domain, "42.alice.lab"),
+	      "reply: the pod's fqdn and job domain (%s)", why);
+
+	rc = parse("{\"v\":1,\"ok\":true,\"pod\":{\"fqdn\":\"a\",\"fqdn\":\"b\"}}",
+		   &rep, why, sizeof(why));
+	CHECK(rc < 0 && strstr(why, "duplicate member \"fqdn\""),
+	      "reply: fqdn twice is malformed (%s)", why);
+
+	rc = parse("{\"v\":1,\"ok\":true,\"pod\":{\"domain\":7}}", &rep, why,
+		   sizeof(why));
+	CHECK(rc < 0 && strstr(why, "\"domain\" is not a string"),
+	      "reply: a domain that is not a string is malformed (%s)", why);
 
 	rc = parse("{\"v\":1,\"ok\":false,\"error\":{\"code\":\"ENOENT\","
 		   "\"message\":\"no pod for job 7\"}}", &rep, why, sizeof(why));

@@ -135,6 +135,11 @@ class NodeConfig:
     max_connections: int = 256
     root_connections: int = 32
     max_connections_per_user: int = 8
+    #: a user's connections beyond `max_connections_per_user` wait their turn (docs/api.md
+    #: "Connections"): at most this many per user, `max_waiting` in all, `wait_timeout` s each
+    max_waiting_per_user: int = 64
+    max_waiting: int = 256
+    wait_timeout: float = 30.0
     roles: list[str] = field(default_factory=list)
     log_level: str = "info"
     #: users (names or uids) whose host-side sockets may open connections to pods:
@@ -232,6 +237,14 @@ class NodeConfig:
             c.max_connections_per_user = _int(
                 d["max_connections_per_user"], "max_connections_per_user", where, 1, 65535
             )
+        if "max_waiting_per_user" in d:
+            c.max_waiting_per_user = _int(
+                d["max_waiting_per_user"], "max_waiting_per_user", where, 0, 65535
+            )
+        if "max_waiting" in d:
+            c.max_waiting = _int(d["max_waiting"], "max_waiting", where, 0, 65535)
+        if "wait_timeout" in d:
+            c.wait_timeout = _num(d["wait_timeout"], "wait_timeout", where, 0.1, 600)
         if c.root_connections >= c.max_connections:
             raise ConfigError(
                 f"{where}: 'root_connections' ({c.root_connections}) must be smaller than "

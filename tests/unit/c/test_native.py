@@ -4,7 +4,9 @@
 * runs its unit test programs, one per file (tests/test_util.c: UTF-8, the bounded
   buffer, integers; test_json.c: escaper, request builder, reply parser;
   test_transport.c: pn_call against a fake podnetd; test_pod.c: netns and pod name
-  checks; test_session.c: pam_podnet.so's configuration, requests and outcomes),
+  checks; test_session.c: pam_podnet.so's configuration, requests and outcomes;
+  test_spank.c: the SPANK plugin's PODNET_POD_* values and the environment forms of
+  its options, against stand-ins of Slurm's calls),
   under ASan/UBSan when available;
 * checks every request line they printed with Python's JSON parser;
 * differential tests of podnet_json.c against Python's json module: escaped random
@@ -31,7 +33,11 @@ import pytest
 import yaml
 from nativelib import NATIVE, ROOT, cc, make_env
 
-UNITS = {"test_util": 40, "test_json": 81, "test_transport": 12, "test_pod": 12, "test_session": 34}
+UNITS = {"test_util": 40, "test_json": 84, "test_transport": 12, "test_pod": 12, "test_session": 34}
+# the SPANK plugin's options and environment (tests/test_spank.c): built where Slurm's
+# headers are (the Makefile's condition), as the plugin itself
+if Path("/usr/include/slurm/spank.h").exists():
+    UNITS["test_spank"] = 28
 
 
 def _run(exe: Path, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
@@ -150,7 +156,17 @@ def test_escape_round_trip_matches_python_json(native: Path) -> None:
         assert json.loads('"' + text + '"') == _sanitized(raw), (raw, esc)
 
 
-FIELDS = {"code": 32, "message": 512, "name": 64, "netns": 256, "ip": 64, "user": 64}
+FIELDS = {
+    "code": 32,
+    "message": 512,
+    "name": 64,
+    "netns": 256,
+    "ip": 64,
+    "user": 64,
+    "fqdn": 256,
+    "domain": 256,
+}
+POD_STRS = ("name", "netns", "ip", "user", "fqdn", "domain")
 INT64 = range(-(2**63), 2**63)
 
 
@@ -204,7 +220,7 @@ def _rand_reply(rng: random.Random) -> dict[str, Any]:
     if rng.random() < 0.6:
         pod: dict[str, Any] = {
             k: _maybe(rng, 0.97, _rand_str(rng, rng.choice([10] * 6 + [70, 300])), [7])
-            for k in ("name", "netns", "ip", "user")
+            for k in POD_STRS
             if rng.random() < 0.8
         }
         if rng.random() < 0.8:
@@ -271,12 +287,12 @@ def _expected(doc: Any) -> tuple[Any, ...] | None:
         # a known member twice is malformed (Python keeps the last one)
         not _dup(doc, {"v", "ok", "released", "error", "pod"}),
         not _dup(err, {"code", "message"}),
-        not _dup(pod, {"name", "netns", "ip", "user", "uid"}),
+        not _dup(pod, {*POD_STRS, "uid"}),
     ]
     if not all(shape):
         return None
     strs: dict[str, str] = {}
-    for obj, names in ((err, ("code", "message")), (pod, ("name", "netns", "ip", "user"))):
+    for obj, names in ((err, ("code", "message")), (pod, POD_STRS)):
         for name in names:
             s = obj.get(name, "")
             fits = name == "message" or len(str(s).encode()) < FIELDS[name]
@@ -300,7 +316,7 @@ def _c_result(line: str) -> tuple[Any, ...] | None:
         int(f[2]),
         int(f[3]),
         int(f[4]),
-        dict(zip(("code", "message", "name", "netns", "ip", "user"), strs, strict=True)),
+        dict(zip(("code", "message", *POD_STRS), strs, strict=True)),
     )
 
 
@@ -351,7 +367,9 @@ def _mutate(rng: random.Random, b: bytes) -> bytes:
         elif op == 2:
             del out[at : at + rng.randrange(1, 6)]
         elif op == 3:  # repeat a known member: "k": v -> "k": v,"k": v
-            key = rng.choice([b'"ok"', b'"v"', b'"uid"', b'"code"', b'"name"', b'"released"'])
+            key = rng.choice(
+                [b'"ok"', b'"v"', b'"uid"', b'"code"', b'"name"', b'"fqdn"', b'"released"']
+            )
             i = out.find(key)
             ends = [j for j in (out.find(b",", i), out.find(b"}", i)) if j > i >= 0]
             if ends:

@@ -15,7 +15,7 @@ import pytest
 from fake_etcd import FakeEtcd
 from podnet import names
 from podnet.api.handlers import Handler, Peer
-from podnet.api.server import Admission, Limits
+from podnet.api.server import Admission, Limits, Waiting
 from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
@@ -122,6 +122,9 @@ NODE = {
         ({"max_connections": 8, "root_connections": 8}, "must be smaller"),
         ({"max_connections_per_user": 0}, "max_connections_per_user"),
         ({"read_timeout": "soon"}, "read_timeout"),
+        ({"max_waiting_per_user": -1}, "max_waiting_per_user"),
+        ({"max_waiting": "many"}, "max_waiting"),
+        ({"wait_timeout": 0}, "wait_timeout"),
     ],
 )
 def test_node_config_errors_are_one_clear_line(change: dict[str, Any], message: str) -> None:
@@ -257,19 +260,87 @@ def test_login_pods_only_on_login_nodes_and_bad_requests() -> None:
 
 def test_admission_keeps_root_slots_and_bounds_each_user() -> None:
     adm = Admission(Limits(max_connections=6, root_connections=2, max_connections_per_user=3))
-    assert [adm.enter(2001) for _ in range(3)] == [None] * 3
-    assert "uid 2001" in str(adm.enter(2001))
-    assert adm.enter(2002) is None
-    assert "too many user connections" in str(adm.enter(2003))  # 4 = 6 - 2 kept for root
-    assert adm.enter(0) is None and adm.enter(0) is None
-    assert adm.enter(0) is not None  # the total is a hard bound, root included
+    assert all(adm.enter(2001).admit for _ in range(3))
+    refused = adm.enter(2001)  # nothing to queue: refused
+    assert not refused.admit and not refused.wait and "uid 2001" in refused.reason
+    assert adm.enter(2002).admit
+    assert "too many user connections" in adm.enter(2003).reason  # 4 = 6 - 2 kept for root
+    assert adm.enter(0).admit and adm.enter(0).admit
+    assert not adm.enter(0).admit  # the total is a hard bound, root included
     adm.leave(0)
-    assert adm.enter(2003) is not None  # a free root slot is not a user slot
+    assert not adm.enter(2003).admit  # a free root slot is not a user slot
     adm.leave(2001)
-    assert adm.enter(2003) is None
+    assert adm.enter(2003).admit
     for uid in (2001, 2001, 2002, 2003, 0):
         adm.leave(uid)
     assert adm.total == 0 and adm.users == 0 and adm.by_uid == {}
+
+
+def _w(uid: int, since: float = 0.0) -> Waiting:
+    return Waiting(object(), Peer(100 + uid, uid, uid), since)
+
+
+def test_a_users_surplus_waits_in_order_and_takes_the_freed_slot() -> None:
+    lim = Limits(
+        max_connections=20,
+        root_connections=2,
+        max_connections_per_user=2,
+        max_waiting_per_user=3,
+        max_waiting=4,
+        wait_timeout=10.0,
+    )
+    adm = Admission(lim)
+    assert adm.enter(2001, _w(2001)).admit and adm.enter(2001, _w(2001)).admit
+    queued = [_w(2001, t) for t in (1.0, 2.0, 3.0)]
+    assert all(adm.enter(2001, w).wait for w in queued)
+    full = adm.enter(2001, _w(2001))
+    assert not full.admit and not full.wait
+    assert "too many connections from uid 2001 (2 at once, 3 waiting)" in full.reason
+    # another user is admitted at once, never queued behind 2001
+    assert adm.enter(2002, _w(2002)).admit
+    assert adm.enter(2002, _w(2002)).admit
+    assert adm.enter(2002, _w(2002, 4.0)).wait  # the 4th waiting connection of all
+    assert not adm.enter(2002, _w(2002)).wait  # max_waiting reached
+    assert adm.enter(2003, _w(2003)).admit  # a third user is still served at once
+    # a slot of 2001 that frees goes to its oldest waiting connection; the counts stay
+    before = (adm.total, adm.users, dict(adm.by_uid))
+    nxt, expired = adm.next_or_leave(2001, now=5.0)
+    assert nxt is queued[0] and expired == []
+    assert (adm.total, adm.users, dict(adm.by_uid)) == before
+    assert adm.n_waiting == 3
+    # 2001's queue drains in order; then its slots are given back
+    assert adm.next_or_leave(2001, 5.0)[0] is queued[1]
+    assert adm.next_or_leave(2001, 5.0)[0] is queued[2]
+    assert adm.next_or_leave(2001, 5.0) == (None, [])
+    assert adm.by_uid[2001] == 1
+    assert adm.next_or_leave(2001, 5.0) == (None, [])
+    assert 2001 not in adm.by_uid and 2001 not in adm.waiting
+
+
+def test_a_connection_that_waited_too_long_is_turned_away() -> None:
+    lim = Limits(max_connections_per_user=1, max_waiting_per_user=5, wait_timeout=10.0)
+    adm = Admission(lim)
+    assert adm.enter(2001, _w(2001)).admit
+    old, young = _w(2001, 0.0), _w(2001, 8.0)
+    assert adm.enter(2001, old).wait and adm.enter(2001, young).wait
+    # the accept loop's sweep takes out those older than wait_timeout
+    assert adm.expire(now=5.0) == []
+    assert adm.expire(now=10.5) == [old]
+    assert adm.n_waiting == 1
+    # the slot's end skips a waiting connection that is too old by then
+    later = _w(2001, 10.0)
+    assert adm.enter(2001, later).wait
+    nxt, expired = adm.next_or_leave(2001, now=19.5)
+    assert expired == [young] and nxt is later
+    assert adm.next_or_leave(2001, now=19.5) == (None, [])
+    assert adm.total == 0 and adm.n_waiting == 0 and adm.waiting == {}
+
+
+def test_root_never_waits() -> None:
+    adm = Admission(Limits(max_connections=3, root_connections=1, max_connections_per_user=1))
+    assert all(adm.enter(0, _w(0)).admit for _ in range(3))
+    v = adm.enter(0, _w(0))
+    assert not v.admit and not v.wait and "too many connections to podnetd" in v.reason
 
 
 # -- CLI and metrics ---------------------------------------------------------------------

@@ -4,17 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import ctypes.util
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
 import threading
 from types import FrameType
 
-from podnet import __version__
+from podnet import __version__, logs
 from podnet.api.handlers import Handler
 from podnet.api.metrics import start_metrics
 from podnet.api.server import Limits, Server
@@ -39,6 +41,21 @@ def limit_malloc_arenas(arenas: int = 2) -> None:
         pass
 
 
+#: file descriptors podnetd needs beside its connections (etcd, netlink, namespaces, logs)
+FD_MARGIN = 512
+
+
+def raise_fd_limit(sockets: int) -> None:
+    """The soft RLIMIT_NOFILE up to what the connection bounds need (in service and waiting,
+    plus a margin), within the hard limit: systemd gives services a soft 1024."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = sockets + FD_MARGIN
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="podnetd", description="podnet node agent")
     ap.add_argument("-c", "--config", default=DEFAULT_CONFIG, help="node configuration file")
@@ -50,27 +67,32 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = NodeConfig.load(args.config)
     except ConfigError as e:
-        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: configuration error: {e}")
         return 2
     if args.check_config:
         print(f"podnetd: {args.config}: ok")
         return 0
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(cfg.log_level)
     limit_malloc_arenas()
     agent = Agent(cfg)
     try:
         agent.start()
     except ConfigError as e:
-        print(f"podnetd: configuration error: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: configuration error: {e}")
         return 2
     except (EtcdUnavailable, EtcdRequestError) as e:
-        print(f"podnetd: etcd unavailable at start: {e}", file=sys.stderr)
+        logs.fatal(f"podnetd: etcd unavailable at start: {e}")
         return 3
     limits = Limits(
-        cfg.read_timeout, cfg.max_connections, cfg.root_connections, cfg.max_connections_per_user
+        cfg.read_timeout,
+        cfg.max_connections,
+        cfg.root_connections,
+        cfg.max_connections_per_user,
+        cfg.max_waiting_per_user,
+        cfg.max_waiting,
+        cfg.wait_timeout,
     )
+    raise_fd_limit(cfg.max_connections + cfg.max_waiting)
     server = Server(Handler(agent), cfg.socket, limits)
     server.bind()
     if cfg.metrics:

@@ -1,16 +1,27 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`podnet`: pods, status and health of this node's podnet."""
+"""`podnet`: pods, status and health of this node's podnet.
+
+For users: `podnet pods` (your pods on this node, their names and addresses; `*` marks the
+one you are in), `podnet status` (the node, your pods here and your quotas), `publish`,
+`unpublish`, `published`. For administrators (root): the same for every user, `doctor`,
+`verify`. A podnetd that is not running gives one line naming the socket and what to do
+next, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from podnet.api.client import DEFAULT_SOCKET, ApiError, call
+from podnet import __version__
+from podnet.api import client
+from podnet.api.client import DEFAULT_SOCKET, ApiError
 from podnet.cli import verify
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.kernel import capability, nl
@@ -25,16 +36,95 @@ def _print(data: Any, as_json: bool, text: str) -> None:
     print(json.dumps(data, indent=2, sort_keys=True) if as_json else text)
 
 
-def cmd_pods(args: argparse.Namespace) -> int:
-    pods = call("pods", args.socket)["pods"]
-    lines = [f"{'KIND':6} {'NAME':14} {'IP':16} {'USER':10} {'JOB':>8}  NAMES"]
+class Unreachable(Exception):
+    """podnetd could not be asked: one line for the user, with the next step."""
+
+
+def not_reachable(sock: str, err: OSError) -> str:
+    """What to tell a user whose `podnet` could not talk to podnetd at `sock`."""
+    code = err.errno
+    if isinstance(err, TimeoutError) or code == errno.ETIMEDOUT:
+        return (
+            f"podnetd at {sock} did not answer in time (busy or stuck): try again in a "
+            "minute; if it persists, ask your administrators (`podnet doctor` as root)"
+        )
+    if code in (errno.ENOENT, errno.ENOTDIR):
+        why = f"no {sock}"
+    elif code == errno.ECONNREFUSED:
+        why = f"nothing listens on {sock}"
+    elif code in (errno.EACCES, errno.EPERM):
+        return f"cannot connect to podnetd at {sock}: permission denied"
+    else:
+        return f"cannot reach podnetd at {sock}: {err.strerror or err}"
+    return (
+        f"podnetd is not running on this node ({why}): ask your administrators, or "
+        "`systemctl status podnetd` as root"
+    )
+
+
+def call(op: str, sock: str, **kw: Any) -> dict[str, Any]:
+    """One request to podnetd; a socket that cannot be used raises Unreachable, an error
+    reply ApiError."""
+    try:
+        return client.call(op, sock, **kw)
+    except OSError as e:
+        raise Unreachable(not_reachable(sock, e)) from None
+    except ValueError:  # not JSON: not podnetd
+        raise Unreachable(f"{sock} answered something that is not podnetd's reply") from None
+
+
+def _here() -> tuple[int, int] | None:
+    """The network namespace this process is in (nsfs device and inode)."""
+    try:
+        st = Path("/proc/self/ns/net").stat()
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _is_here(pod: dict[str, Any], here: tuple[int, int] | None) -> bool:
+    """Whether `pod`'s network namespace is `here` (its file names the namespace)."""
+    if here is None or not isinstance(pod.get("netns"), str):
+        return False
+    try:
+        st = Path(pod["netns"]).stat()
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == here
+
+
+def pods_text(pods: list[dict[str, Any]], here: tuple[int, int] | None) -> str:
+    """The pods as a table; `*` marks the one this process is in."""
+    lines = [f"  {'KIND':9} {'POD':14} {'IP':16} {'USER':10} {'JOB':>8}  NAMES"]
     for p in sorted(pods, key=lambda p: p["name"]):
+        mark = "*" if _is_here(p, here) else " "
         lines.append(
-            f"{p['kind']:6} {p['name']:14} {p['ip']:16} {p['user']:10} "
+            f"{mark} {p['kind']:9} {p['name']:14} {p['ip']:16} {p['user']:10} "
             f"{p.get('job_id') or '-':>8}  {' '.join(p.get('names', []))}"
         )
-    _print(pods, args.json, "\n".join(lines))
+    return "\n".join(lines)
+
+
+def cmd_pods(args: argparse.Namespace) -> int:
+    pods = call("pods", args.socket)["pods"]
+    here = _here()
+    for p in pods:
+        p["here"] = _is_here(p, here)
+    _print(pods, args.json, pods_text(pods, here))
     return 0
+
+
+def my_pods_text(node: str, pods: list[dict[str, Any]], here: tuple[int, int] | None) -> str:
+    """A user's pods on this node: what, its name, its address (status's view)."""
+    if not pods:
+        return f"your pods on {node}: none"
+    lines = [f"your pods on {node} (name, address; * the one you are in):"]
+    for p in sorted(pods, key=lambda p: p["name"]):
+        mark = "*" if _is_here(p, here) else " "
+        what = f"job {p['job_id']}" if p.get("job_id") else p["kind"]
+        name = p.get("fqdn") or " ".join(p.get("names", [])) or p["name"]
+        lines.append(f"{mark} {what:15} {name:40} {p['ip']}")
+    return "\n".join(lines)
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -48,6 +138,11 @@ def cmd_status(args: argparse.Namespace) -> int:
         f"etcd: {etcd_text}\n"
         f"pods: {st['pods']}, users: {st['users']}"
     )
+    if os.geteuid() != 0 and not args.user:
+        # a user's own pods here (root: `podnet pods` lists every user's)
+        mine = call("pods", args.socket)["pods"]
+        st["my_pods"] = mine
+        text += "\n" + my_pods_text(st["node"], mine, _here())
     try:
         extra = {"user": args.user} if args.user else {}
         st["quota"] = call("quota", args.socket, **extra)["quota"]
@@ -131,7 +226,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         checks.append(
             _check("etcd", bool(etcd.get("ok")), str(etcd.get("version") or etcd.get("error")))
         )
-    except (OSError, ApiError, ValueError) as e:
+    except (Unreachable, ApiError) as e:
         checks.append(_check("socket", False, f"{sock}: {e}"))
     if cfg is not None and os.geteuid() == 0:
         checks += _fdb_drift(cfg)
@@ -218,22 +313,68 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "pods": cmd_pods,
+    "status": cmd_status,
+    "doctor": cmd_doctor,
+    "publish": cmd_publish,
+    "unpublish": cmd_unpublish,
+    "published": cmd_published,
+    "verify": verify.cmd_verify,
+}
+
+EPILOG = """\
+Your pods: each job of yours has a pod (a network namespace) on each of its nodes, named
+pod<n>.<job id>.<user>.<cluster>; your login sessions are in your login pod. In a task,
+PODNET_POD_NAME, PODNET_POD_IP and PODNET_JOB_DOMAIN say which pod it runs in.
+`podnet <command> --help` describes a command; podnet's user guide (docs/user-guide.md)
+the rest."""
+
+
+def parser() -> argparse.ArgumentParser:
     # the options are accepted before and after the command (`podnet --json pods`,
     # `podnet pods --json`); SUPPRESS keeps a later default from hiding an earlier value
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--socket", default=argparse.SUPPRESS)
-    common.add_argument("--config", default=argparse.SUPPRESS)
     common.add_argument(
-        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+        "--socket",
+        default=argparse.SUPPRESS,
+        metavar="PATH",
+        help=f"podnetd's socket on this node (default {DEFAULT_SOCKET})",
     )
-    ap = argparse.ArgumentParser(prog="podnet", description="podnet on this node", parents=[common])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("pods", parents=[common], help="my pods (root: all pods of this node)")
+    common.add_argument(
+        "--config",
+        default=argparse.SUPPRESS,
+        metavar="FILE",
+        help=f"the node's podnet configuration, read by doctor and verify (default "
+        f"{DEFAULT_CONFIG})",
+    )
+    common.add_argument(
+        "--json",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="machine-readable output (JSON) instead of text",
+    )
+    ap = argparse.ArgumentParser(
+        prog="podnet",
+        description="podnet on this node: your pods, their names and addresses, your\n"
+        "quotas; for administrators, health checks and isolation proofs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[common],
+    )
+    ap.add_argument("--version", action="version", version=f"podnet {__version__}")
+    sub = ap.add_subparsers(dest="cmd", title="commands", metavar="<command>")
+    sub.add_parser(
+        "pods",
+        parents=[common],
+        help="your pods on this node: names, addresses, jobs (root: every pod of the node)",
+    )
     st = sub.add_parser(
-        "status", parents=[common], help="node, etcd, counts, and your usage against each quota"
+        "status",
+        parents=[common],
+        help="the node and podnetd, your pods here, and your usage against each quota",
     )
-    st.add_argument("--user", default="", help="root: that user's quotas")
+    st.add_argument("--user", default="", metavar="NAME", help="root: that user's quotas")
     sub.add_parser(
         "doctor",
         parents=[common],
@@ -247,28 +388,34 @@ def main(argv: list[str] | None = None) -> int:
         )
         p.add_argument("target", help="<job>[/pod<n>]: a job id or name, pod index (0)")
         p.add_argument("port", type=int, help="TCP port in the pod")
-    sub.add_parser("published", parents=[common], help="my published ports (root: all)")
+    sub.add_parser("published", parents=[common], help="your published ports (root: all)")
     verify.add_parser(sub, [common])
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     args = ap.parse_args(argv)
+    if args.cmd is None:
+        ap.print_help()
+        return 2
     for key, default in (("socket", DEFAULT_SOCKET), ("config", DEFAULT_CONFIG), ("json", False)):
         if not hasattr(args, key):
             setattr(args, key, default)
     try:
-        return {
-            "pods": cmd_pods,
-            "status": cmd_status,
-            "doctor": cmd_doctor,
-            "publish": cmd_publish,
-            "unpublish": cmd_unpublish,
-            "published": cmd_published,
-            "verify": verify.cmd_verify,
-        }[args.cmd](args)
+        return COMMANDS[args.cmd](args)
     except ApiError as e:
         print(f"podnet: {e}", file=sys.stderr)
         return 1
-    except OSError as e:
-        print(f"podnet: cannot reach podnetd at {args.socket}: {e.strerror or e}", file=sys.stderr)
+    except Unreachable as e:
+        print(f"podnet: {e}", file=sys.stderr)
         return 1
+    except OSError as e:  # the commands' own files (verify's, doctor's)
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"podnet: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -637,7 +637,13 @@ def add_parser(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     p.add_argument("--external-ip", default="", help="that host's address as pods reach it")
     p.add_argument("--external-port", type=int, default=0, help="its TCP/UDP port (0: any)")
-    p.add_argument("--container-helper", default="/usr/local/bin/podnet-container")
+    p.add_argument(
+        "--container-helper",
+        default="/usr/local/bin/podnet-container",
+        metavar="PATH",
+        help="podnet-container on the nodes, for the container endpoints "
+        "(default /usr/local/bin/podnet-container)",
+    )
     p.add_argument("--timeout", type=float, default=3.0, help="seconds per probe")
     p.add_argument(
         "--aligned", action="store_true", help="tables padded with spaces instead of tabs"

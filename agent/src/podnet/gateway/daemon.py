@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from types import FrameType
 
-from podnet import __version__
+from podnet import __version__, logs
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.gateway import nft
 from podnet.gateway.config import DEFAULT_GATEWAY_CONFIG, GatewayConfig
@@ -142,14 +142,12 @@ def main(argv: list[str] | None = None) -> int:
         cfg = NodeConfig.load(args.config)
         gcfg = GatewayConfig.load(args.gateway_config)
     except ConfigError as e:
-        print(f"podnet-gatewayd: configuration error: {e}", file=sys.stderr)
+        logs.fatal(f"podnet-gatewayd: configuration error: {e}")
         return 2
     if args.check_config:
         print(f"podnet-gatewayd: {args.gateway_config}: ok")
         return 0
-    logging.basicConfig(
-        level=getattr(logging, cfg.log_level.upper()), format="%(levelname)s %(name)s: %(message)s"
-    )
+    logs.setup(cfg.log_level)
     gw = Gateway(cfg, gcfg)
 
     def stop(signum: int, frame: FrameType | None) -> None:

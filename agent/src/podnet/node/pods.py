@@ -66,7 +66,18 @@ class Pod:
         if self.kind != "container":
             for k in ("container_id", "ifname", "pid", "source"):
                 d.pop(k, None)
+        d.update(self.dns())
         return d
+
+    def dns(self) -> dict[str, str]:
+        """The pod's one unique name (`fqdn`) and, for a job pod, its job's domain under the
+        job id (`domain`): what the SPANK plugin gives a task as PODNET_POD_NAME and
+        PODNET_JOB_DOMAIN (docs/user-guide.md "What a task sees")."""
+        if self.kind == "job" and self.job_id is not None:
+            by_id = f"pod{self.index}.{self.job_id}."
+            fqdn = next((n for n in self.names if n.startswith(by_id)), "")
+            return {"fqdn": fqdn, "domain": fqdn.split(".", 1)[1]} if fqdn else {}
+        return {"fqdn": self.names[0]} if self.names else {}
 
     @classmethod
     def of_job(
