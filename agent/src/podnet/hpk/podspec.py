@@ -111,7 +111,10 @@ def resolve_image(image: str, dirs: list[Path]) -> Path:
             return p
         raise PodSpecError("ErrImagePull", f"image {image}: no such file or directory")
     ref = image.split("@", 1)[0]
-    repo, _, tag = ref.rpartition(":") if ":" in ref.rsplit("/", 1)[-1] else (ref, "", "")
+    if ":" in ref.rsplit("/", 1)[-1]:
+        repo, tag = ref.rsplit(":", 1)
+    else:
+        repo, tag = ref, ""
     name = repo.rsplit("/", 1)[-1]
     if any(part in ("", ".", "..") for part in repo.split("/")):
         raise PodSpecError(

@@ -60,7 +60,7 @@ class Container:
     def __init__(self, plan: dict[str, Any], poddir: Path, runtime: dict[str, str]) -> None:
         self.name: str = plan["name"]
         self.argv: list[str] = plan["argv"]
-        self.env: list[tuple[str, str]] = [(k, v) for k, v in plan["env"]]
+        self.env: list[tuple[str, str]] = [(str(e[0]), str(e[1])) for e in plan["env"]]
         self.poddir = poddir
         self.runtime = runtime
         self.proc: subprocess.Popen[bytes] | None = None
