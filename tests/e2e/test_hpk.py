@@ -142,7 +142,10 @@ def kpods(user: str) -> dict[str, dict[str, Any]]:
 
 
 def user_jobs(user: str) -> list[str]:
-    return ssh("login", f"squeue -h -u {user} -o '%i %j %T'").stdout.split("\n")[:-1]
+    """`user`'s jobs that podnet-hpk made (their comment says so: the session's other jobs,
+    conftest's `jobs`, run beside them), as `id name state`."""
+    out = ssh("login", f"squeue -h -u {user} -o '%i %j %T|%k'").stdout.splitlines()
+    return [line.split("|")[0] for line in out if line.split("|", 1)[-1].startswith("podnet-hpk")]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -319,6 +322,8 @@ def test_a_control_plane_at_its_time_limit_ends_clearly_with_its_pods(bob: dict[
 
 def test_delete_and_down_leave_no_job_address_or_name(alice: dict[str, Any]) -> None:
     a = alice
+    made = [p["metadata"]["annotations"]["podnet.hpc/slurm-job"] for p in kpods("alice").values()]
+    assert len(made) >= 4, made
     kubectl("alice", "delete deployment dep --wait=false")
     kubectl("alice", "delete job fetch --wait=false")
     kubectl("alice", "delete pod web-c1 web-c2 --wait=true --timeout=120s")
@@ -326,13 +331,10 @@ def test_delete_and_down_leave_no_job_address_or_name(alice: dict[str, Any]) -> 
     wait_for(lambda: [j for j in user_jobs("alice") if " hpk " not in j] == [], 120, 2)
     ssh("alice@login", "podnet-hpk down", timeout=180)
     wait_for(lambda: user_jobs("alice") == [], 120, 2)
+    # no pod of those jobs is left (alice's other jobs of the session keep theirs)
+    hpk_jobs = {int(a["job"]), *(int(j) for j in made)}
     for node in ("c1", "c2"):
-        wait_for(
-            lambda node=node: (
-                not [p for p in pods(node) if p["user"] == "alice" and p["kind"] == "job"]
-            ),
-            60,
-        )
+        wait_for(lambda node=node: not [p for p in pods(node) if p.get("job_id") in hpk_jobs], 60)
     r = ssh("alice@login", f"getent hosts pod0.{a['job']}.alice.lab", check=False)
     assert r.returncode != 0, r.stdout
     st = ssh("alice@login", "podnet-hpk status", check=False)
