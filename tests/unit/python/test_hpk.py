@@ -343,7 +343,7 @@ def _write_plan(
 
 def _run(d: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "podnet.hpk.cli", "run-pod", str(d)],
+        [sys.executable, "-m", "podnet.hpk.runner", str(d)],
         env={**os.environ, "PODNET_POD_IP": "198.18.9.9"},
         text=True,
     )

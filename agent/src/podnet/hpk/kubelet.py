@@ -28,7 +28,8 @@ log = logging.getLogger("podnet.hpk.kubelet")
 LEASE_SECONDS = 40
 HEARTBEAT = 10.0
 SQUEUE_EVERY = 2.0
-FILES_EVERY = 0.25
+# how often the pods' status files are read (a stat and a small read each)
+FILES_EVERY = 0.1
 
 
 def micro_now() -> str:
@@ -112,9 +113,7 @@ class Kubelet:
         self.lock = threading.Lock()
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stop = threading.Event()
-        self.script = (
-            f'#!/bin/sh\nexec {sys.executable} -m podnet.hpk.cli run-pod "$PODNET_HPK_POD"\n'
-        )
+        self.script = f'#!/bin/sh\nexec {sys.executable} -m podnet.hpk.runner "$PODNET_HPK_POD"\n'
         self.ca_pem = ca_pem
 
     # --- the node -------------------------------------------------------------------

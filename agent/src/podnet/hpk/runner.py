@@ -289,3 +289,7 @@ def main(poddir: str) -> int:
     signal.signal(signal.SIGTERM, on_term)
     signal.signal(signal.SIGINT, on_term)
     return runner.run()
+
+
+if __name__ == "__main__":  # the pod's job script: `python -m podnet.hpk.runner DIR`
+    sys.exit(main(sys.argv[1]))
