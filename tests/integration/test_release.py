@@ -109,6 +109,7 @@ def test_the_bundle_holds_what_the_roles_install_and_nothing_else(dist: Path) ->
         role_default("flannel", "flannel_cni_plugins_artifact_name"),
         role_default("apptainer", "apptainer_artifact_name"),
         role_default("etcd", "etcd_artifact_name"),
+        role_default("hpk", "hpk_kube_artifact_name"),
     }
     # Apptainer for Debian 12 and the Debian packages of air-gapped nodes: built on demand
     # (agent/artifacts/build-apptainer-deb.sh, build-debian-packages.sh: by make release and the
