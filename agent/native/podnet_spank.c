@@ -123,9 +123,12 @@ int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
 
 int slurm_spank_exit(spank_t sp, int ac, char **av)
 {
-	(void) ac;
 	(void) av;
-	return spank_context() == S_CTX_REMOTE ? pns_extern_exit(&st, sp) : 0;
+	(void) ac;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	pns_step_exit(&st);
+	return pns_extern_exit(&st, sp);
 }
 
 /* the job_script context (slurmd), where slurm_spank_init is not called */

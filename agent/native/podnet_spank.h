@@ -62,6 +62,7 @@ struct pn_spank {
 					PODNET_* (podnet_spank_env.h) */
 	/* slurmstepd: the step's pod */
 	int joined;                  /* main thread is in the pod */
+	int host_netns_fd;           /* its own netns, to return to at exit */
 	dev_t pod_dev;               /* identity of the pod's netns */
 	ino_t pod_ino;
 	char pod_name[64];
@@ -86,7 +87,7 @@ struct pn_spank {
 		.cfg = { PN_DEFAULT_SOCKET, 30, 0, PNS_POLICY_FAIL, "",      \
 			 "/usr/bin/apptainer",                               \
 			 "/usr/local/lib/podnet/podnet-image-exec" },        \
-		.pidns_fd = -1, .host_pidns_fd = -1,                         \
+		.pidns_fd = -1, .host_pidns_fd = -1, .host_netns_fd = -1,   \
 	}
 
 /* the dispatch's option table: --podnet, --podnet-image */
@@ -135,6 +136,7 @@ int pns_extern_exit(struct pn_spank *st, spank_t sp);
 
 /* ---- podnet_spank_step.c (every step's slurmstepd) ---- */
 int pns_step_post_opt(struct pn_spank *st, spank_t sp);
+void pns_step_exit(struct pn_spank *st);
 /* st->pending_error: what the task reports (podnet_spank_task.c) */
 void pns_set_pending(struct pn_spank *st, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));

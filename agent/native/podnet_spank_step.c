@@ -181,12 +181,18 @@ static void step_join(struct pn_spank *st, spank_t sp, uint32_t job_id,
 				"needs shared: true)" : "");
 		return;
 	}
+	/* the node's network, for slurmstepd's last RPCs (pns_step_exit) */
+	st->host_netns_fd = open("/proc/thread-self/ns/net",
+				 O_RDONLY | O_CLOEXEC);
 	if (fstat(fd, &s) < 0 || setns(fd, CLONE_NEWNET) < 0) {
 		int err = errno;
 
 		snprintf(why, sizeof(why), "setns(%s): %s", netns,
 			 strerror(err));
 		close(fd);
+		if (st->host_netns_fd >= 0)
+			close(st->host_netns_fd);
+		st->host_netns_fd = -1;
 		pns_set_pending(st, "podnet: cannot join the job's network pod: "
 				"%s%s", why, err == EPERM && in_slurm_job_ns() ?
 				" (Slurm's namespace/linux: CLONE_NEWUSER is "
@@ -200,6 +206,28 @@ static void step_join(struct pn_spank *st, spank_t sp, uint32_t job_id,
 	slurm_info("podnet: job %u step %u joined pod %s", job_id, step_id,
 		   st->pod_name);
 	open_pidns(st);
+}
+
+/*
+ * slurm_spank_exit in slurmstepd of a step that joined its pod: the tasks are
+ * done; the main thread goes back to the node's network before Slurm sends
+ * the step's completion to slurmctld. A job cancelled while a task ignores
+ * SIGTERM (Apptainer's starter at its start does) ends its extern step, and
+ * with it the pod, before that task's KillWait: a slurmstepd still in the
+ * removed pod's network could reach no slurmctld, retried forever, and the
+ * node was drained "Kill task failed" with the job stuck completing.
+ */
+void pns_step_exit(struct pn_spank *st)
+{
+	if (!st->joined || st->host_netns_fd < 0)
+		return;
+	if (setns(st->host_netns_fd, CLONE_NEWNET) < 0)
+		slurm_error("podnet: setns back to the node's network: %s",
+			    strerror(errno));
+	else
+		st->joined = 0;
+	close(st->host_netns_fd);
+	st->host_netns_fd = -1;
 }
 
 /*

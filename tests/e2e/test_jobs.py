@@ -137,6 +137,25 @@ def test_job_end_removes_pods_ips_and_records() -> None:
         assert f"pn-j{job}" not in ssh(n, "ls /run/netns").stdout
 
 
+def test_a_cancelled_job_whose_tasks_ignore_sigterm_ends_and_drains_no_node() -> None:
+    """scancel of a job whose batch and srun tasks ignore SIGTERM (Apptainer's starter does at
+    its start): Slurm kills them after KillWait (30 s on the lab), the extern step ends and
+    its pod goes first. The steps' slurmstepd must leave the pod's network before reporting
+    to slurmctld: found by bench-hpk, the job stayed COMPLETING and c2 was drained "Kill task
+    failed"."""
+    ignore = 'trap "" TERM; exec sleep 600'
+    job = sbatch(
+        "carol", "e2eterm", "c2", f'srun -n1 bash -c "trap \\"\\" TERM; exec sleep 600" & {ignore}'
+    )
+    wait_for(lambda: f"{job}.0" in ssh("login", f"squeue -h -s -j {job} -o %i").stdout, 60)
+    ssh("login", f"scancel {job}")
+    wait_for(
+        lambda: ssh("login", f"squeue -h -j {job} -o %T", check=False).stdout.strip() == "", 150
+    )
+    assert not ssh("login", "sinfo -h -R -o '%n %E'").stdout.strip()
+    wait_for(lambda: not [p for p in pods("c2") if p.get("job_id") == job], 60)
+
+
 OPT_OUT_PROBE = "echo JOB=$SLURM_JOB_ID; podnet --json pods; ip -4 -o addr show scope global"
 
 
