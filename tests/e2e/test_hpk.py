@@ -99,6 +99,24 @@ spec:
             sleep 1
           done
           exit 1
+      - name: py
+        image: python
+        command:
+        - python3
+        - -c
+        - |
+          import socket, time, urllib.request
+          for _ in range(60):
+              try:
+                  page = urllib.request.urlopen("http://web:8080/", timeout=3).read().decode()
+              except OSError:
+                  time.sleep(1)
+                  continue
+              addrs = sorted({a[4][0] for a in socket.getaddrinfo("web", 8080, socket.AF_INET)})
+              print("python fetched", page.strip(), "from", len(addrs), "addresses")
+              break
+          else:
+              raise SystemExit("web unreachable")
 """
 
 BROKEN = """
@@ -223,8 +241,11 @@ def test_pods_services_deployments_and_jobs_run_as_slurm_jobs(alice: dict[str, A
         240,
         2,
     )
-    logs = kubectl("alice", "logs job/fetch")
+    logs = kubectl("alice", "logs job/fetch -c fetch")
     assert "hello from podnet" in logs and "fetched from web: " in logs, logs
+    # the lab's Debian python3 image (tests/lab/hpk-images.sh), same pod, same Service name
+    logs = kubectl("alice", "logs job/fetch -c py")
+    assert "python fetched hello from podnet from 2 addresses" in logs, logs
     wide = kubectl("alice", "get pods -o wide")
     print(wide)
 
