@@ -224,31 +224,34 @@ suite-site-install:
 
 # What CI runs (.ci/run): the shared prerequisites once, then two sides of suites side by side
 # (make -j2; -O prints each side's output whole when it ends), each suite after the other on
-# its side: the molecule lab, the site install, the coredns and apptainer scenarios on one;
-# the quick checks, the etcd scenario and the day-2 lab on the other. At most two labs run at
-# once (one a side). The sides take about as long (rehearsal M, 2026-11-27: molecule lab 34 min,
-# site install 10, coredns 2.6, apptainer 1; quick checks 15, etcd 13, day-2 26); two stages
-# of two sides each left up to 8 minutes idle on one side. The suite-* targets have no
-# prerequisites (built here first, never twice at once); each side runs all its suites and
-# fails if one failed.
-# A failed run ends with the molecule lab's failed and skipped e2e tests (a CI log keeps its tail).
+# its side: the molecule lab and the site install on one; the quick checks, the etcd, coredns
+# and apptainer scenarios and the day-2 lab on the other. At most two labs run at once (one a
+# side). Each side runs all its suites and fails if one failed; the suite-* targets have no
+# prerequisites (built here first, never twice at once). tests/suite.sh times each suite and
+# keeps its log in build/suites/; the run ends with the failed suites' last lines, then every
+# suite's result and wall time (a CI log keeps its tail). Stop 38's CI (59 min): the molecule
+# lab's side ended last, so the role scenarios moved to the other side.
 test: artifacts deps collection-tarball
 	rm -f $(MOLECULE_E2E_FAILURES)
-	rc=0; $(MAKE) --no-print-directory -j2 -O suite-labs suite-checks-day2 || rc=1; \
+	rm -rf $(ROOT)/build/suites
+	rc=0; t0=$$(date +%s); $(MAKE) --no-print-directory -j2 -O suite-labs suite-checks-day2 || rc=1; \
 	  if [ $$rc != 0 ] && [ -s $(MOLECULE_E2E_FAILURES) ]; then \
 	    echo "==== make test failed; the molecule lab's failed or skipped e2e tests:"; \
 	    tail -n 150 $(MOLECULE_E2E_FAILURES); fi; \
-	  exit $$rc
+	  for f in $$(grep -o 'log build/suites/[^)]*' $(ROOT)/build/suites/summary.txt 2>/dev/null | cut -c5-); do \
+	    echo "==== the end of $$f:"; sed 's/\x1b\[[0-9;]*m//g' $(ROOT)/$$f | tail -n 40; done; \
+	  echo "==== make test: the suites (two sides at once), $$(( $$(date +%s) - t0 )) s in all:"; \
+	  cat $(ROOT)/build/suites/summary.txt; exit $$rc
+SUITE := $(ROOT)/tests/suite.sh
 suite-labs:
-	rc=0; $(MAKE) --no-print-directory suite-molecule || rc=1; \
-	  $(MAKE) --no-print-directory suite-site-install || rc=1; \
-	  $(ROOT)/tests/molecule/run-scenarios.sh coredns apptainer || rc=1; exit $$rc
+	rc=0; $(SUITE) molecule-lab $(MAKE) --no-print-directory suite-molecule || rc=1; \
+	  $(SUITE) site-install $(MAKE) --no-print-directory suite-site-install || rc=1; exit $$rc
 suite-checks-day2:
-	rc=0; $(MAKE) --no-print-directory suite-quick || rc=1; \
-	  $(ROOT)/tests/molecule/run-scenarios.sh etcd || rc=1; \
-	  $(MAKE) --no-print-directory suite-day2 || rc=1; exit $$rc
+	rc=0; $(SUITE) quick $(MAKE) --no-print-directory suite-quick || rc=1; \
+	  $(SUITE) etcd-coredns-apptainer $(ROOT)/tests/molecule/run-scenarios.sh etcd coredns apptainer || rc=1; \
+	  $(SUITE) day2 $(MAKE) --no-print-directory suite-day2 || rc=1; exit $$rc
 suite-quick:
-	$(MAKE) --no-print-directory -j1 lint unit integration test-lab-harness test-agent
+	$(MAKE) --no-print-directory -j1 -k lint unit integration test-lab-harness test-agent
 
 bench-agent: deps artifacts
 	PODNET_BENCH_ETCD=$(ETCD_ARTIFACT) $(call LOCKED,agent-netns) $(PY) $(ROOT)/tests/bench/bench_agent.py

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import subprocess
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from conftest import needs, pods, scancel, ssh, wait_for
@@ -39,8 +40,9 @@ rm -rf "$d" && mv "$d.tmp" "$d"
 
 @pytest.fixture(scope="module", autouse=True)
 def images() -> Iterator[None]:
-    """The same two images on c1 and c2, readable by everyone."""
-    for node in NODES:
+    """The same two images on c1 and c2, readable by everyone (built on both at once)."""
+
+    def build(node: str) -> None:
         mkroot = install_mkroot(node)
         ssh(
             node,
@@ -50,6 +52,10 @@ def images() -> Iterator[None]:
             f"chmod 0755 {ROOT} && chmod 0644 {SIF}",
             timeout=300,
         )
+
+    with ThreadPoolExecutor(len(NODES)) as pool:
+        for f in [pool.submit(build, n) for n in NODES]:
+            f.result()
     yield
     for node in NODES:
         ssh(node, f"rm -rf {ROOT}", check=False, timeout=120)
@@ -151,7 +157,10 @@ def test_sbatch_image_runs_the_batch_scripts_steps_in_it() -> None:
     """The script itself stays in the pod without the image (it calls srun, which needs
     the node's Slurm and munge); its steps inherit the image, or opt out."""
     look = 'sh -c "cat /etc/podnet-image 2>/dev/null || echo host"'
-    script = f"{look}; srun -N1 {look}; srun -N1 --podnet-image=none {look}"
+    # --overlap: a step started right after another may find its CPU still held until the
+    # first one's completion reaches slurmctld ("step creation temporarily disabled"), and
+    # srun then waited 2 minutes on a loaded machine (a Slurm race, not what is tested here)
+    script = f"{look}; srun -N1 --overlap {look}; srun -N1 --overlap --podnet-image=none {look}"
     out = ssh(
         "alice@login",
         f"cd /tmp && sbatch --parsable -J e2eimg -w c1 -t 5 "

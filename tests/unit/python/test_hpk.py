@@ -616,3 +616,29 @@ def test_service_names_are_the_ready_endpoints(
     serial = zone[1].split()[6]
     k.dns_sync()  # the same records: the same file, the same serial
     assert k.dns_zone.read_text().splitlines()[1].split()[6] == serial
+
+
+def test_kubectl_logs_serve_only_container_names_kubernetes_allows(tmp_path: Path) -> None:
+    """The log server names a file by the request's container: only a DNS-1123 label, as the
+    API server allows for a container, is looked up."""
+    from podnet.hpk import controlplane
+
+    cp = controlplane.ControlPlane.__new__(controlplane.ControlPlane)
+    poddir = tmp_path / "pod"
+    (poddir / "logs").mkdir(parents=True)
+
+    class Entry:
+        namespace, name = "default", "web"
+
+    Entry.poddir = poddir  # type: ignore[attr-defined]
+
+    class FakeKubelet:
+        entries = {"uid": Entry()}
+
+    cp.kubelet = FakeKubelet()  # type: ignore[assignment]
+    found = cp._logs("default", "web", "httpd", False)
+    assert found is not None and found[0] == poddir / "logs" / "httpd.log"
+    assert cp._logs("default", "web", "httpd", True)[0] == poddir / "logs" / "httpd.previous.log"
+    for bad in ("..", ".", "Httpd", "a.b", "-x", "x" * 64, "", "a%2Fb"):
+        assert cp._logs("default", "web", bad, False) is None, bad
+    assert cp._logs("default", "other", "httpd", False) is None

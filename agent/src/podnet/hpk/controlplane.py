@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import pwd
+import re
 import signal
 import socket
 import subprocess
@@ -35,6 +36,8 @@ log = logging.getLogger("podnet.hpk.control-plane")
 API_PORT = 6443
 KUBELET_PORT = 10250
 NODE_NAME = "podnet"
+# a container name (a DNS-1123 label, as the API server checks): kubectl logs names a file by it
+CONTAINER_NAME = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 def kubeconfig(
@@ -266,8 +269,7 @@ class ControlPlane:
             node_name=NODE_NAME,
         )
         self.kubelet = Kubelet(api, s, cluster, self.state, self.ip, KUBELET_PORT)
-        self.kubelet.register()
-        self.kubelet.dns_sync()
+        self.kubelet.start()
         if dns == self.ip:
             self._start_coredns(self.kubelet.dns_zone)
         serve(
@@ -321,6 +323,8 @@ class ControlPlane:
         )
 
     def _logs(self, namespace: str, pod: str, container: str, previous: bool) -> Any:
+        if not CONTAINER_NAME.fullmatch(container):  # Kubernetes' own rule: a file name here
+            return None
         entries = list(self.kubelet.entries.values()) if self.kubelet else []
         for e in entries:
             if e.namespace == namespace and e.name == pod:

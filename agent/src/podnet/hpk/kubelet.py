@@ -90,7 +90,6 @@ class Kubelet:
         state: Path,
         ip: str,
         port: int,
-        ca_pem: str = "",
     ) -> None:
         self.api = api
         self.settings = settings
@@ -110,11 +109,10 @@ class Kubelet:
         ]
         self.sources = ApiSources(api)
         self.entries: dict[str, Entry] = {}
-        self.lock = threading.Lock()
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stop = threading.Event()
         self.script = f'#!/bin/sh\nexec {sys.executable} -m podnet.hpk.runner "$PODNET_HPK_POD"\n'
-        self.ca_pem = ca_pem
+        self.registered = False  # register() and a first dns_sync() done (the control plane's)
 
     # --- the node -------------------------------------------------------------------
     def _capacity(self) -> dict[str, str]:
@@ -527,9 +525,15 @@ class Kubelet:
                 log.warning("service names: %s", e)
 
     # --- the loop ----------------------------------------------------------------------
-    def run(self) -> None:
+    def start(self) -> None:
+        """The node registered and the Service names' zone written (CoreDNS loads it)."""
         self.register()
         self.dns_sync()
+        self.registered = True
+
+    def run(self) -> None:
+        if not self.registered:
+            self.start()
         for target in (self.watch_loop, self.heartbeat_loop, self.dns_loop):
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
         last_squeue = 0.0
