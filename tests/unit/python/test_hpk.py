@@ -14,10 +14,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from podnet.hpk import kubelet, podspec, podstatus, quantity, runner, slurm
+from podnet.hpk import controlplane, kubelet, podspec, podstatus, quantity, runner, slurm
 from podnet.hpk.settings import Settings, SettingsError, user_state_dir
 from podnet.hpk.slurm import JobState, clean_env
 
@@ -621,21 +622,11 @@ def test_service_names_are_the_ready_endpoints(
 def test_kubectl_logs_serve_only_container_names_kubernetes_allows(tmp_path: Path) -> None:
     """The log server names a file by the request's container: only a DNS-1123 label, as the
     API server allows for a container, is looked up."""
-    from podnet.hpk import controlplane
-
     cp = controlplane.ControlPlane.__new__(controlplane.ControlPlane)
     poddir = tmp_path / "pod"
     (poddir / "logs").mkdir(parents=True)
-
-    class Entry:
-        namespace, name = "default", "web"
-
-    Entry.poddir = poddir  # type: ignore[attr-defined]
-
-    class FakeKubelet:
-        entries = {"uid": Entry()}
-
-    cp.kubelet = FakeKubelet()  # type: ignore[assignment]
+    entry = SimpleNamespace(namespace="default", name="web", poddir=poddir)
+    cp.kubelet = SimpleNamespace(entries={"uid": entry})  # type: ignore[assignment]
     found = cp._logs("default", "web", "httpd", False)
     assert found is not None and found[0] == poddir / "logs" / "httpd.log"
     assert cp._logs("default", "web", "httpd", True)[0] == poddir / "logs" / "httpd.previous.log"
