@@ -112,7 +112,6 @@ class Kubelet:
         self.events: queue.Queue[dict[str, Any]] = queue.Queue()
         self.stop = threading.Event()
         self.script = f'#!/bin/sh\nexec {sys.executable} -m podnet.hpk.runner "$PODNET_HPK_POD"\n'
-        self.registered = False  # register() and a first dns_sync() done (the control plane's)
 
     # --- the node -------------------------------------------------------------------
     def _capacity(self) -> dict[str, str]:
@@ -529,11 +528,9 @@ class Kubelet:
         """The node registered and the Service names' zone written (CoreDNS loads it)."""
         self.register()
         self.dns_sync()
-        self.registered = True
 
     def run(self) -> None:
-        if not self.registered:
-            self.start()
+        """The kubelet's loops, after start() (the control plane calls both)."""
         for target in (self.watch_loop, self.heartbeat_loop, self.dns_loop):
             threading.Thread(target=target, name=target.__name__, daemon=True).start()
         last_squeue = 0.0
