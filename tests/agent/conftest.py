@@ -307,7 +307,16 @@ class Node:
     def stop(self, sig: int = signal.SIGTERM) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
-            self.proc.wait(15)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                # killed, so that it serves no later test from this node's socket
+                self.proc.kill()
+                self.proc.wait(10)
+                raise AssertionError(
+                    f"podnetd {self.name} still running 30 s after signal {sig}: "
+                    + (self.dir / "podnetd.log").read_text()[-2000:]
+                ) from None
 
     def call(self, op: str, **args: Any) -> dict[str, Any]:
         return call(op, self.socket, **args)
@@ -326,7 +335,12 @@ class Node:
         return sh(*cmd, *argv, check=check, timeout=timeout)
 
     def teardown(self) -> None:
-        self.stop()
+        try:
+            self.stop()
+        finally:
+            self._unplumb()
+
+    def _unplumb(self) -> None:
         netns_dir = self.dir / "netns"
         for f in netns_dir.glob("pn-*"):
             with contextlib.suppress(OSError):

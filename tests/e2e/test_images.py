@@ -27,7 +27,13 @@ MAKE_DIR_IMAGE = f"""set -e
 d={DIR}
 rm -rf "$d.tmp"
 mkdir -p "$d.tmp"
-cp -al /usr "$d.tmp/usr" 2>/dev/null || cp -a /usr "$d.tmp/usr"
+# the node's /usr without what no step in it uses (a copy: the lab's overlay root has no
+# hard links across its layers; half of /usr is compilers, podnet's own files and docs)
+mkdir "$d.tmp/usr"
+tar -C /usr --exclude=./local --exclude=./include --exclude=./libexec/gcc --exclude=./lib/gcc \
+    --exclude=./share/doc --exclude=./share/man --exclude=./share/locale --exclude=./lib/cni \
+    --exclude=./lib/x86_64-linux-gnu/apptainer --exclude=./bin/apptainer --exclude='./bin/etcd*' \
+    --exclude='./bin/*lto-dump*' -cf - . | tar -C "$d.tmp/usr" -xpf -
 cp -a /etc "$d.tmp/etc"
 rm -rf "$d.tmp/etc/munge" "$d.tmp/etc/podnet" "$d.tmp"/etc/ssh/ssh_host_*
 for l in bin sbin lib lib64; do [ -L /$l ] && ln -s usr/$l "$d.tmp/$l"; done

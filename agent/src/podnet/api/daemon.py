@@ -113,7 +113,13 @@ def main(argv: list[str] | None = None) -> int:
     t.start()
     done.wait()
     agent.shutdown()
-    return 0
+    log.info("stopped")
+    logging.shutdown()
+    # The pods stay up and every record is in etcd or on disk: nothing is left to flush.
+    # The interpreter's own exit would join the etcd pool's workers and gRPC's threads, and
+    # one in a call to an unreachable etcd holds it for that call's timeout (a stop seen
+    # to take over 15 s on a loaded node): the process ends here instead.
+    os._exit(0)
 
 
 def _notify_ready() -> None:
