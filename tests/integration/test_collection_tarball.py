@@ -193,6 +193,34 @@ def test_installed_tarball_parses_on_its_own(tarball: Path, tmp_path: Path) -> N
     roles = set(re.findall(r"^\s+(hpc\.podnet\.\w+) : (?!Validating arguments)", r.stdout, re.M))
     assert roles == {"hpc.podnet.preflight", "hpc.podnet.etcd"}, (roles, r.stdout)
     assert "Write the systemd unit" in r.stdout and "Install etcd" not in r.stdout, r.stdout
+    # the sample inventory as a site copies it (issue 35, one install story): the PKI in a
+    # directory the controller's user owns, next to the inventory; the release's artifacts/;
+    # etcd 3.5 from the release's tarball (Debian 12)
+    site = tmp_path / "mysite"
+    shutil.copytree(inv.parent, site)
+    for var, want in (
+        ("podnet_pki_dir", f"{site}/pki/hpc1"),
+        ("podnet_artifact_dir", "/srv/podnet/podnet-0.2.0/artifacts"),
+        ("etcd_install_method", "artifact"),
+    ):
+        r = subprocess.run(
+            [
+                BIN / "ansible",
+                "-i",
+                site / "hosts.yml",
+                "node001",
+                "-m",
+                "ansible.builtin.debug",
+                "-a",
+                f"var={var}",
+            ],
+            env=env,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        assert f'"{var}": "{want}"' in r.stdout, (var, r.stdout)
 
 
 def test_installed_wheelhouse_builder_builds(tarball: Path, tmp_path: Path) -> None:

@@ -93,6 +93,8 @@ def test_sha256sums_cover_the_whole_release(dist: Path) -> None:
     bad = [name for name, digest in index.items() if sha(dist / name) != digest]
     assert not bad, bad
     assert f"hpc-podnet-{VERSION}.tar.gz" in index
+    # the collection podnet's needs, for a controller without Galaxy (issue 35)
+    assert [n for n in index if n.startswith("community-crypto-") and n.endswith(".tar.gz")]
     # the bundle's own index (podnet_artifact_dir=<release>/artifacts): paths inside it
     bundle = dist / "artifacts"
     inner = sums(bundle / "SHA256SUMS")
@@ -157,16 +159,20 @@ def test_the_tarball_installs_into_an_empty_collections_path(dist: Path, tmp_pat
         "ANSIBLE_COLLECTIONS_PATH": str(path),
         "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"),
         "ANSIBLE_NOCOLOR": "1",
+        # only what the release holds: not the community.crypto of this venv's ansible package
+        "ANSIBLE_COLLECTIONS_SCAN_SYS_PATH": "false",
     }
+    # a controller without Galaxy: the collection and its dependency from the release alone
+    (crypto,) = dist.glob("community-crypto-*.tar.gz")
     r = subprocess.run(
         [
             BIN / "ansible-galaxy",
             "collection",
             "install",
             "--offline",
-            "--no-deps",
             "-p",
             path,
+            crypto,
             dist / f"hpc-podnet-{VERSION}.tar.gz",
         ],
         env=env,
@@ -191,6 +197,7 @@ def test_the_tarball_installs_into_an_empty_collections_path(dist: Path, tmp_pat
         check=False,
     )
     assert r.returncode == 0 and f"hpc.podnet {VERSION}" in " ".join(r.stdout.split()), r.stdout
+    assert (path / "ansible_collections/community/crypto/MANIFEST.json").is_file()
 
 
 PLAY = """

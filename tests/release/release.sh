@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # make release: what a site installs, built on this machine from the artifacts `make artifacts`
-# built (no lab, nothing downloaded):
+# built (no lab; only community.crypto's package from PyPI, once, cached):
 #
 #   tests/release/release.sh OUT        (the Makefile: dist/podnet-<version>)
 #
 #   OUT/hpc-podnet-<version>.tar.gz   the collection (ansible-galaxy collection build; its
 #                                     members dated SOURCE_DATE_EPOCH, gzip without a time:
 #                                     the same tree gives the same bytes)
+#   OUT/community-crypto-<v>.tar.gz   the collection podnet's needs (agent/artifacts/build-crypto-tarball.sh:
+#                                     from PyPI's ansible package, cached; the same bytes each time)
 #   OUT/artifacts/                    the artifact bundle (agent/artifacts/bundle.sh): every file
 #                                     the roles install on nodes that stock Debian has not, with
 #                                     its SHA256SUMS (podnet_artifact_dir=OUT/artifacts)
@@ -66,6 +68,9 @@ with open(dst, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtim
     gz.write(buf.getvalue())
 PY
 
+# community.crypto, which the collection needs, for a controller without Galaxy
+crypto=$("$ROOT/agent/artifacts/build-crypto-tarball.sh")
+cp "$crypto" "$tmp/"
 "$ROOT/agent/artifacts/bundle.sh" "$tmp/artifacts"
 (cd "$tmp" && find . -type f ! -path ./SHA256SUMS ! -name '.*' -printf '%P\n' | LC_ALL=C sort \
     | xargs -r -d '\n' sha256sum >"$work/SHA256SUMS" && mv "$work/SHA256SUMS" SHA256SUMS)

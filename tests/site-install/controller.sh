@@ -16,63 +16,15 @@ core=${1:?usage: controller.sh ANSIBLE_CORE_VERSION DIR COLLECTION_TARBALL}
 dir=${2:?usage: controller.sh ANSIBLE_CORE_VERSION DIR COLLECTION_TARBALL}
 tarball=${3:?usage: controller.sh ANSIBLE_CORE_VERSION DIR COLLECTION_TARBALL}
 cache=${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/controller
-# the ansible package whose community.crypto a site would take from Galaxy (3.x)
-ansible_pkg=${PODNET_CRYPTO_FROM:-ansible==12.3.0}
 py=${PYTHON:-/usr/bin/python3}
 die() { echo "controller: $*" >&2; exit 1; }
+ROOT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 [ -f "$tarball" ] || die "$tarball: no such collection tarball"
 mkdir -p "$cache" "$dir"
 
-# community.crypto as a collection tarball (MANIFEST.json and FILES.json as published)
-crypto=$(find "$cache" -maxdepth 1 -name 'community-crypto-*.tar.gz' | sort | tail -n 1)
-if [ -z "$crypto" ]; then
-    (
-        flock 9
-        tmp=$(mktemp -d "$cache/.crypto.XXXXXX")
-        trap 'rm -rf "$tmp"' EXIT
-        "$py" -m pip download -q --no-deps -d "$tmp" "$ansible_pkg"
-        wheel=$(find "$tmp" -name 'ansible-*.whl' | head -n 1)
-        [ -n "$wheel" ] || die "no wheel of $ansible_pkg"
-        # the collection's files out of the wheel, as a collection tarball (names without "./")
-        "$py" - "$wheel" "$cache" <<'PY'
-import hashlib, io, json, os, sys, tarfile, zipfile
-# The ansible package leaves out some of the collection's files (CI configuration): its
-# FILES.json, which ansible-galaxy checks on install, keeps the entries of what is there, and
-# MANIFEST.json the new FILES.json's sha256. Every file is the published one.
-pre = "ansible_collections/community/crypto/"
-with zipfile.ZipFile(sys.argv[1]) as z:
-    names = sorted(n for n in z.namelist() if n.startswith(pre) and not n.endswith("/") and "__pycache__" not in n)
-    data = {n[len(pre):]: z.read(n) for n in names}
-files = json.loads(data["FILES.json"])
-dirs = {os.path.dirname(n) for n in data} | {"."}
-dirs |= {os.path.dirname(d) for d in list(dirs)}
-files["files"] = [f for f in files["files"] if f["name"] in data or (f["ftype"] == "dir" and f["name"] in dirs)]
-data["FILES.json"] = json.dumps(files, indent=True).encode()
-manifest = json.loads(data["MANIFEST.json"])
-manifest["file_manifest_file"]["chksum_sha256"] = hashlib.sha256(data["FILES.json"]).hexdigest()
-data["MANIFEST.json"] = json.dumps(manifest, indent=True).encode()
-version = manifest["collection_info"]["version"]
-out = f"{sys.argv[2]}/community-crypto-{version}.tar.gz"
-with tarfile.open(out + ".tmp", "w:gz") as t:
-    for n in ["MANIFEST.json", "FILES.json"]:
-        info = tarfile.TarInfo(n)
-        info.size, info.mode = len(data[n]), 0o644
-        t.addfile(info, io.BytesIO(data[n]))
-    for f in files["files"]:
-        if f["name"] == ".":
-            continue
-        info = tarfile.TarInfo(f["name"])
-        if f["ftype"] == "dir":
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            t.addfile(info)
-        else:
-            info.size, info.mode = len(data[f["name"]]), 0o644
-            t.addfile(info, io.BytesIO(data[f["name"]]))
-os.replace(out + ".tmp", out)
-PY
-    ) 9>"$cache/.crypto.lock"
-    crypto=$(find "$cache" -maxdepth 1 -name 'community-crypto-*.tar.gz' | sort | tail -n 1)
-fi
+# community.crypto as a collection tarball (the release has it too: agent/artifacts/build-crypto-tarball.sh)
+crypto=$("$ROOT_DIR/agent/artifacts/build-crypto-tarball.sh")
+[ -f "$crypto" ] || die "no community.crypto tarball"
 
 venv=$cache/venv-ansible-core-$core
 if [ ! -x "$venv/bin/ansible-playbook" ]; then
