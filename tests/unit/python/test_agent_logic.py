@@ -21,8 +21,8 @@ from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
 from podnet.names import Keys
 from podnet.node.stats import Histogram
-from podnet.state import alloc
 from podnet.state.alloc import Allocator
+from podnet.state.alloc import jobs as alloc_jobs
 from podnet.state.ipam import Ipam, PoolExhausted
 
 # -- names -------------------------------------------------------------------------------
@@ -454,6 +454,6 @@ def test_large_jobs_other_nodes_wait_for_the_first_instead_of_racing(
     assert got and got[0].ips == job.ips
     assert etcd.txns == before + 1, "a waiting node sent an allocation transaction"
     # the first node never comes: after LEADER_WAIT a waiting node allocates itself
-    monkeypatch.setattr(alloc, "LEADER_WAIT", 0.05)
+    monkeypatch.setattr(alloc_jobs, "LEADER_WAIT", 0.05)
     alone = other.allocate_job(8, "alice", 2001, "big", nodes, vni, 3)
     assert len(set(alone.ips)) == 40 and etcd.get("/podnet/u/jobs/8") is not None

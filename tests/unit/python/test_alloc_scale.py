@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from fake_etcd import FakeEtcd
 from podnet.names import Keys
-from podnet.state import alloc
 from podnet.state.alloc import Allocator, Job, JobRecords
+from podnet.state.alloc import jobs as alloc_jobs
 from podnet.state.ipam import Ipam
 from podnet.state.store import KV, Etcd
 
@@ -95,7 +95,7 @@ def test_other_nodes_take_the_record_from_their_watch_and_send_nothing(
 ) -> None:
     # no node takes over (test_the_second_node_takes_over_a_late_first_node does): on a
     # busy machine the first node may come later than the real grace (0.1 s here)
-    monkeypatch.setattr(alloc, "first_node_grace", lambda n: 5.0)
+    monkeypatch.setattr(alloc_jobs, "first_node_grace", lambda n: 5.0)
     etcd = WatchingEtcd()
     views = [JobRecords() for _ in range(5)]
     for v in views:
@@ -122,7 +122,7 @@ def test_other_nodes_take_the_record_from_their_watch_and_send_nothing(
 
 
 def test_the_second_node_takes_over_a_late_first_node(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(alloc, "first_node_grace", lambda n: 0.05)
+    monkeypatch.setattr(alloc_jobs, "first_node_grace", lambda n: 0.05)
     etcd = WatchingEtcd()
     first, second = _allocator(etcd), _allocator(etcd)
     vni = first.user_vni("alice", 2001)
@@ -141,8 +141,8 @@ def test_the_second_node_takes_over_a_late_first_node(monkeypatch: pytest.Monkey
 
 
 def test_a_lock_whose_holder_died_is_taken_over(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(alloc, "first_node_grace", lambda n: 0.02)
-    monkeypatch.setattr(alloc, "LEADER_WAIT", 0.05)
+    monkeypatch.setattr(alloc_jobs, "first_node_grace", lambda n: 0.02)
+    monkeypatch.setattr(alloc_jobs, "LEADER_WAIT", 0.05)
     etcd = WatchingEtcd()
     a = _allocator(etcd)
     vni = a.user_vni("alice", 2001)
