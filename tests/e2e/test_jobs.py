@@ -198,7 +198,8 @@ def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
     # the plugin waits up to its timeout= (30 s) for a podnetd that is restarting, in the
     # job's extern step and again in the step: 5 s on c1 for this test (steps read it)
     conf = "/etc/slurm/plugstack.conf.d/podnet.conf"
-    ssh("c1", f"cp -p {conf} /root/podnet.conf.e2e && sed -i 's/ timeout=[0-9]*/ timeout=5/' {conf}")
+    backup = "/root/podnet.conf.e2e"
+    ssh("c1", f"cp -p {conf} {backup} && sed -i 's/ timeout=[0-9]*/ timeout=5/' {conf}")
     ssh("c1", "systemctl stop podnetd")
     try:
         r = ssh(
@@ -211,7 +212,7 @@ def test_podnetd_stopped_fails_new_jobs_clearly_running_jobs_unaffected(
         assert "podnet" in (r.stdout + r.stderr), r.stdout + r.stderr
         assert in_pod("c1", a1["netns"], f"{PING} {a2['ip']}", check=False).returncode == 0
     finally:
-        ssh("c1", f"mv /root/podnet.conf.e2e {conf}; systemctl start podnetd")
+        ssh("c1", f"mv {backup} {conf}; systemctl start podnetd")
     wait_for(lambda: ssh("c1", "podnet status", check=False).returncode == 0, 30)
     assert ssh("c1", f"stat -c %i {a1['netns']}").stdout.strip() == ino
     assert pod_of("c1", jobs["alice"])["ip"] == a1["ip"]
