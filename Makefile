@@ -139,7 +139,7 @@ lab-status:
 	$(LAB) status
 
 ## --- quality ----------------------------------------------------------------
-lint: deps
+lint: deps artifacts
 	$(ROOT)/tests/lint.sh
 
 unit: deps

@@ -169,6 +169,33 @@ fetch_etcd_locked() {
     echo "etcd: $("$link/usr/bin/etcd" --version | head -n 1) (Debian $version)"
 }
 
+# promtool (tests only, never shipped): Debian trixie's promtool package, unpacked into
+# $artifacts/promtool-<version>/ with a stable link $artifacts/promtool; make lint runs
+# `promtool check rules` and `promtool test rules` on the alert rules the collection ships.
+fetch_promtool() {
+    (
+        flock 9
+        fetch_promtool_locked
+    ) 9>"$artifacts/.promtool.lock"
+}
+
+fetch_promtool_locked() {
+    local link=$artifacts/promtool tmp deb version
+    if [ -x "$link/usr/bin/promtool" ]; then
+        echo "promtool: cached ($("$link/usr/bin/promtool" --version 2>&1 | head -n 1))"
+        return 0
+    fi
+    tmp=$(mktemp -d "$artifacts/.promtool.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    apt_download "$tmp" trixie "" promtool || return 1
+    deb=$(ls "$tmp"/deb/promtool_*.deb)
+    version=$(dpkg-deb -f "$deb" Version)
+    rm -rf "$artifacts/promtool-$version"
+    dpkg-deb -x "$deb" "$artifacts/promtool-$version"
+    ln -sfn "promtool-$version" "$link"
+    echo "promtool: $("$link/usr/bin/promtool" --version 2>&1 | head -n 1) (Debian $version)"
+}
+
 # etcd for nodes without a Debian etcd 3.5 (Debian 12 ships 3.4.23; podnet needs 3.5): the
 # etcd role's `artifact` method takes etcd-v<version>-linux-amd64.tar.gz, the layout of
 # etcd's own release tarballs (etcd, etcdctl, etcdutl under etcd-v<version>-linux-amd64/).
@@ -350,6 +377,7 @@ build_coredns
 build_kube
 fetch_etcd
 fetch_etcd_release
+fetch_promtool
 fetch_apptainer
 build_flannel
 fetch_cni_plugins

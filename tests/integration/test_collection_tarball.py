@@ -69,6 +69,7 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tarball: Path) -> None
         "inventories",
         "agent",
         "changelogs",
+        "files",
     }, sorted(top)
     for gone in ("tests", "inventories/lab", "agent/native/tests", "agent/native/fuzz"):
         assert not any(n == gone or n.startswith(gone + "/") for n in names), gone
@@ -81,6 +82,8 @@ def test_tarball_ships_what_a_site_needs_and_nothing_else(tarball: Path) -> None
         assert not missing, (role, missing)
     assert "agent/pyproject.toml" in names and "agent/src/podnet/node/agent.py" in names
     assert "playbooks/site.yml" in names and "inventories/sample/hosts.yml" in names
+    # the alert rules a site's Prometheus loads (docs/monitoring.md)
+    assert "files/prometheus/podnet.rules.yml" in names
     assert {"LICENSE", "LICENSES/Apache-2.0.txt", "LICENSES/GPL-3.0-or-later.txt"} <= names
     # the artifact builders a site runs (docs/admin-guide.md "Artifacts"), executable
     builders = {

@@ -93,10 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         cfg.wait_timeout,
     )
     raise_fd_limit(cfg.max_connections + cfg.max_waiting)
-    server = Server(Handler(agent), cfg.socket, limits)
+    handler = Handler(agent)
+    server = Server(handler, cfg.socket, limits)
     server.bind()
     if cfg.metrics:
-        start_metrics(cfg.metrics, agent)
+        start_metrics(cfg.metrics, agent, handler)
     done = threading.Event()
 
     def stop(signum: int, frame: FrameType | None) -> None:

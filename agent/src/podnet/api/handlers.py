@@ -19,6 +19,7 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.errors import PodnetError
 from podnet.kernel.nl import mac_for_ip as nl_mac
 from podnet.node.pods import Pod
+from podnet.node.stats import Tally
 from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
@@ -169,8 +170,28 @@ class Handler:
             "container_gc": self.container_gc,
             "cni": self.cni,
         }
+        #: failed requests by op and error code; quota refusals by op and limit (metrics)
+        self.failed = Tally()
+        self.quota_refused = Tally()
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
+        reply = self._handle_line(peer, line)
+        if not reply["ok"]:
+            op = self._op_of(line)
+            self.failed.add(op, reply["error"]["code"])
+            if reply["error"]["code"] == "EQUOTA":
+                self.quota_refused.add(op, str(reply["error"]["quota"]["limit"]))
+        return reply
+
+    def _op_of(self, line: bytes) -> str:
+        """The request's op for the metrics' labels: one of ours, or "invalid"."""
+        try:
+            op = json.loads(line).get("op")
+        except (ValueError, UnicodeDecodeError, AttributeError):
+            return "invalid"
+        return op if isinstance(op, str) and op in self.ops else "invalid"
+
+    def _handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
         try:
             try:
                 req = json.loads(line)

@@ -1,22 +1,41 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Optional Prometheus endpoint: pods, users, setup latency, etcd errors."""
+"""Optional Prometheus endpoint (docs/monitoring.md): pods by kind, users, pod setup time,
+failed requests by op and error code, quota refusals by limit, etcd round trips and errors,
+records written back by the guard, build information, and the process's own metrics (CPU,
+memory, open file descriptors). Labels take a few known values each, never a user name."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client import (
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    start_http_server,
+)
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 
-from podnet.node.stats import BUCKETS, Histogram
+from podnet import __version__
+from podnet.node.stats import BUCKETS, Histogram, Tally
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from prometheus_client.registry import Collector
 
-__all__ = ["BUCKETS", "AgentCollector", "Histogram", "Observed", "start_metrics"]
+__all__ = ["BUCKETS", "KINDS", "AgentCollector", "Histogram", "Observed", "start_metrics"]
+
+#: the kinds of pod a node holds (podnet_pods)
+KINDS = ("job", "login", "container")
+
+Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily | InfoMetricFamily
 
 
 class _Pod(Protocol):
@@ -41,17 +60,50 @@ class Observed(Protocol):
     @property
     def setup_seconds(self) -> Histogram: ...
 
+    @property
+    def etcd_seconds(self) -> Histogram: ...
+
+    @property
+    def records_restored(self) -> int: ...
+
     def list_pods(self, uid: int | None) -> Sequence[_Pod]: ...
 
 
-class AgentCollector:
-    def __init__(self, agent: Observed) -> None:
-        self.agent = agent
+class Requests(Protocol):
+    """What the metrics read of the request handler."""
 
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily | HistogramMetricFamily]:
+    @property
+    def failed(self) -> Tally: ...
+
+    @property
+    def quota_refused(self) -> Tally: ...
+
+
+def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
+    with h.lock:
+        buckets = [(str(b), n) for b, n in zip(h.bounds, h.counts, strict=True)]
+        buckets.append(("+Inf", h.count))
+        total = h.sum
+    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
+
+
+def _counter(name: str, doc: str, labels: list[str], tally: Tally) -> CounterMetricFamily:
+    c = CounterMetricFamily(name, doc, labels=labels)
+    for values, n in tally.items():
+        c.add_metric(list(values), n)
+    return c
+
+
+class AgentCollector:
+    def __init__(self, agent: Observed, requests: Requests | None = None) -> None:
+        self.agent = agent
+        self.requests = requests
+
+    def collect(self) -> Iterator[Family]:
+        yield InfoMetricFamily("podnet_build", "podnetd's version", value={"version": __version__})
         pods = self.agent.list_pods(None)
         g = GaugeMetricFamily("podnet_pods", "Pods on this node", labels=["kind"])
-        for kind in ("job", "login"):
+        for kind in KINDS:
             g.add_metric([kind], sum(1 for p in pods if p.kind == kind))
         yield g
         yield GaugeMetricFamily(
@@ -60,22 +112,41 @@ class AgentCollector:
         yield CounterMetricFamily(
             "podnet_etcd_errors", "etcd request errors", value=self.agent.etcd.errors
         )
-        h = self.agent.setup_seconds
-        with h.lock:
-            buckets = [(str(b), n) for b, n in zip(h.bounds, h.counts, strict=True)]
-            buckets.append(("+Inf", h.count))
-            total = h.sum
-        yield HistogramMetricFamily(
+        yield _histogram(
+            "podnet_etcd_request_seconds",
+            "Round trip of podnetd's etcd requests (unary calls)",
+            self.agent.etcd_seconds,
+        )
+        yield _histogram(
             "podnet_pod_setup_seconds",
             "Job pod setup time since podnetd started",
-            buckets=buckets,
-            sum_value=total,
+            self.agent.setup_seconds,
         )
+        yield CounterMetricFamily(
+            "podnet_records_restored",
+            "Records of this node's pods written back after another writer changed them",
+            value=self.agent.records_restored,
+        )
+        if self.requests is not None:
+            yield _counter(
+                "podnet_requests_failed",
+                "Requests to podnetd that failed, by op and error code (docs/api.md)",
+                ["op", "code"],
+                self.requests.failed,
+            )
+            yield _counter(
+                "podnet_quota_refusals",
+                "Requests refused over a user's quota, by op and limit",
+                ["op", "limit"],
+                self.requests.quota_refused,
+            )
 
 
-def start_metrics(listen: str, agent: Observed) -> None:
+def start_metrics(listen: str, agent: Observed, requests: Requests | None = None) -> None:
     host, _sep, port = listen.rpartition(":")
     registry = CollectorRegistry()
-    collector: Collector = AgentCollector(agent)
+    collector: Collector = AgentCollector(agent, requests)
     registry.register(collector)
+    registry.register(PROCESS_COLLECTOR)
+    registry.register(PLATFORM_COLLECTOR)
     start_http_server(int(port), addr=host, registry=registry)

@@ -52,10 +52,6 @@ def ns_of(path: str | Path) -> NsId | None:
         return None
 
 
-def ns_of_fd(fd: int) -> NsId:
-    return NsId.of_stat(os.fstat(fd))
-
-
 def holds(pid: int, ns: NsId, proc: str = "/proc") -> bool:
     """Whether process `pid` is in namespace `ns` (a zombie is in none)."""
     return pid > 0 and ns_of(f"{proc}/{pid}/ns/net") == ns

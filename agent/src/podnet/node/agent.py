@@ -45,7 +45,7 @@ from podnet.node.guard import RecordGuard
 from podnet.node.pods import Pod, PodTable, PodWiring, job_search, search_of
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
-from podnet.node.stats import Histogram
+from podnet.node.stats import ETCD_BUCKETS, Histogram
 from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
 from podnet.state.alloc import Allocator, AllocError, Job, JobRecords
@@ -66,8 +66,14 @@ class Agent:
     def __init__(self, cfg: NodeConfig) -> None:
         self.cfg = cfg
         self.keys = Keys(cfg.cluster)
+        self.etcd_seconds = Histogram(ETCD_BUCKETS)
         self.etcd = Etcd(
-            cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout
+            cfg.etcd_endpoints,
+            cfg.etcd_ca,
+            cfg.etcd_cert,
+            cfg.etcd_key,
+            cfg.etcd_timeout,
+            observe=self.etcd_seconds.observe,
         )
         self.state = Path(cfg.state_dir)
         self.stop = threading.Event()
@@ -473,6 +479,11 @@ class Agent:
             "version": __version__,
             "cluster": self.cfg.cluster,
         }
+
+    @property
+    def records_restored(self) -> int:
+        """The records the guard wrote back since podnetd started (metrics)."""
+        return self._rooms.guard.restored if self._rooms is not None else 0
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -6,6 +6,8 @@ from __future__ import annotations
 import threading
 
 BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: etcd round trips (a unary call on the LAN: about a millisecond)
+ETCD_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 
 
 class Histogram:
@@ -25,3 +27,19 @@ class Histogram:
             for i, b in enumerate(self.bounds):
                 if value <= b:
                     self.counts[i] += 1
+
+
+class Tally:
+    """Counters by label values (a few known values each: never a user name)."""
+
+    def __init__(self) -> None:
+        self._counts: dict[tuple[str, ...], int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, *labels: str) -> None:
+        with self._lock:
+            self._counts[labels] = self._counts.get(labels, 0) + 1
+
+    def items(self) -> list[tuple[tuple[str, ...], int]]:
+        with self._lock:
+            return sorted(self._counts.items())

@@ -23,7 +23,6 @@ under the user's lock (node layer).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -41,7 +40,6 @@ from podnet.state.store import (
     EtcdUnavailable,
     cmp_absent,
     cmp_mod,
-    cmp_value,
     json_dumps,
     op_delete,
     op_get,
@@ -279,15 +277,6 @@ class Slots:
     def release_ops(self, user: str, slots: dict[str, int]) -> list[dict[str, Any]]:
         """Deletes of a thing's slots, for the transaction that deletes the thing."""
         return [op_delete(self.keys.quota(user, kind, k)) for kind, k in slots.items()]
-
-    def release_guarded(self, user: str, slots: dict[str, int], owner: str) -> None:
-        """Delete slots outside their owner's transaction (the owner is already gone):
-        only those that still name `owner`."""
-        value = self._value(owner)
-        for kind, k in slots.items():
-            key = self.keys.quota(user, kind, k)
-            with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-                self.etcd.txn([cmp_value(key, value)], [op_delete(key)])
 
 
 def _lowest_free(used: set[int | None], limit: int) -> int | None:

@@ -25,6 +25,7 @@ import json
 import logging
 import queue
 import threading
+import time
 import urllib.parse
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -227,7 +228,9 @@ class Etcd:
         cert: str | None,
         key: str | None,
         timeout: float = 5.0,
+        observe: Callable[[float], None] | None = None,
     ) -> None:
+        """`observe`: called with each unary call's round trip in seconds (metrics)."""
         if not endpoints:
             raise ValueError("no etcd endpoint")
         self.endpoints = list(endpoints)
@@ -242,6 +245,7 @@ class Etcd:
         self.max_txn_ops = 4096  # lowered automatically when the server refuses
         self.requests = 0  # unary calls sent (benchmarks count them)
         self._watches: Watches | None = None
+        self._observe = observe
 
     # -- transport ------------------------------------------------------------------
     def _credentials(self) -> grpc.ChannelCredentials:
@@ -300,6 +304,7 @@ class Etcd:
         self.requests += 1
         last: Exception | None = None
         for ep in eps:
+            t0 = time.monotonic()
             try:
                 return self._method(ep, path)(request, timeout=timeout or self.timeout)
             except grpc.RpcError as e:
@@ -310,6 +315,9 @@ class Etcd:
                     self.demote(ep)
                     continue
                 raise request_error(path, code, details) from None
+            finally:
+                if self._observe is not None:
+                    self._observe(time.monotonic() - t0)
         raise EtcdUnavailable(f"etcd unreachable ({', '.join(eps)}): {last}")
 
     def count_error(self) -> None:
