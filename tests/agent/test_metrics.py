@@ -54,3 +54,24 @@ def test_the_endpoint_counts_pods_refusals_and_etcd_round_trips(
         assert scrape(node)[("podnet_pods", (("kind", "job"),))] == 0
     finally:
         node.teardown()
+
+
+def test_a_stopped_podnetd_withdraws_its_alive_record_and_keeps_its_lease(
+    workdir: Path, etcd: EtcdServer
+) -> None:
+    """`podnet status --cluster` says a node is down from its `alive/<node>` record: gone
+    at once when podnetd stops, while the node's lease (its login pods' records) stays for
+    the podnetd that starts again."""
+    node = Node(27, workdir, etcd)
+    key = "/podnet/t/alive/n27"
+    try:
+        assert etcd.client.get_json(key)["version"] == __version__
+        lease = int((node.dir / "state" / "lease").read_text())
+        node.stop()
+        assert etcd.client.get(key) is None
+        assert etcd.client.lease_ttl(lease) > 0
+        node.start()
+        assert etcd.client.get(key) is not None
+        assert int((node.dir / "state" / "lease").read_text()) == lease
+    finally:
+        node.teardown()

@@ -22,7 +22,7 @@ from typing import Any
 from podnet import __version__
 from podnet.api import client
 from podnet.api.client import DEFAULT_SOCKET, ApiError
-from podnet.cli import verify
+from podnet.cli import cluster, verify
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.kernel import capability, nl
 from podnet.names import Keys, is_veth_name
@@ -128,6 +128,8 @@ def my_pods_text(node: str, pods: list[dict[str, Any]], here: tuple[int, int] | 
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    if args.cluster:
+        return cmd_cluster(args)
     st = call("status", args.socket)
     st.pop("v", None)
     st.pop("ok", None)
@@ -153,6 +155,38 @@ def cmd_status(args: argparse.Namespace) -> int:
         text += f"\nquotas: not shown ({e.message})"
     _print(st, args.json, text)
     return 0 if etcd.get("ok") else 1
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    """`status --cluster`: every node, etcd, the pool, from etcd (cli/cluster.py)."""
+    if os.geteuid() != 0:
+        print("podnet: status --cluster reads etcd with the node's credentials: run it as root",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    try:
+        cfg = NodeConfig.load(args.config)
+        keys = Keys(cfg.cluster)
+        etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+
+        def status_of(ep: str) -> dict[str, Any]:
+            one = Etcd([ep], cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+            try:
+                return one.status()
+            finally:
+                one.close()
+
+        try:
+            rep = cluster.report(cluster.read(etcd, keys, cfg.etcd_endpoints, status_of))
+        finally:
+            etcd.close()
+    except ConfigError as e:
+        print(f"podnet: {e}", file=sys.stderr)
+        return 2
+    except (EtcdUnavailable, EtcdRequestError) as e:
+        print(f"podnet: etcd: {e}", file=sys.stderr)
+        return 1
+    _print(rep, args.json, cluster.text(rep))
+    return 0 if rep["ok"] else 1
 
 
 def quota_text(q: dict[str, Any]) -> str:
@@ -375,6 +409,12 @@ def parser() -> argparse.ArgumentParser:
         help="the node and podnetd, your pods here, and your usage against each quota",
     )
     st.add_argument("--user", default="", metavar="NAME", help="root: that user's quotas")
+    st.add_argument(
+        "--cluster",
+        action="store_true",
+        help="root: every node's podnetd, etcd, the address pool and the top users, from "
+        "etcd (exit 1 when something is wrong)",
+    )
     sub.add_parser(
         "doctor",
         parents=[common],

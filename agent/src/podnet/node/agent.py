@@ -489,6 +489,7 @@ class Agent:
         self.stop.set()
         self.pool.shutdown(wait=False)
         if self._rooms is not None:
+            self._rooms.lease.withdraw()
             self._rooms.dp.close()
 
 

@@ -79,6 +79,16 @@ class NodeLease:
                     json_dumps(want),
                 )
 
+    def withdraw(self) -> None:
+        """podnetd stops: its `alive/<node>` record goes at once (`podnet status --cluster`
+        then says it is down; a crash lets the lease expire instead). The lease stays: the
+        login pods' records live on it, and podnetd takes it again when it starts within
+        its TTL. Best effort, bounded: a stop never waits long for etcd."""
+        try:
+            self.etcd.delete(self.keys.alive(self.node), timeout=2.0)
+        except (EtcdUnavailable, EtcdRequestError) as e:
+            log.info("alive record of %s left to its lease: %s", self.node, e)
+
     def run(self, stop: threading.Event, on_new_lease: Callable[[], None]) -> None:
         period = max(1.0, self.ttl / 3)
         while not stop.wait(period):

@@ -380,8 +380,10 @@ class Etcd:
         r = self.call("/etcdserverpb.KV/Put", op_put(key, value, lease).request_put)
         return int(r.header.revision)
 
-    def delete(self, key: str, prefix: bool = False) -> int:
-        r = self.call("/etcdserverpb.KV/DeleteRange", op_delete(key, prefix).request_delete_range)
+    def delete(self, key: str, prefix: bool = False, timeout: float | None = None) -> int:
+        r = self.call(
+            "/etcdserverpb.KV/DeleteRange", op_delete(key, prefix).request_delete_range, timeout
+        )
         return int(r.deleted)
 
     def txn(
@@ -450,7 +452,12 @@ class Etcd:
 
     def status(self) -> dict[str, Any]:
         r = self.call("/etcdserverpb.Maintenance/Status", StatusRequest())
-        return {"version": r.version, "leader": str(r.leader), "revision": int(r.header.revision)}
+        return {
+            "version": r.version,
+            "leader": str(r.leader),
+            "revision": int(r.header.revision),
+            "db_size": int(r.dbSize),
+        }
 
     # -- watch -------------------------------------------------------------------------
     @property
