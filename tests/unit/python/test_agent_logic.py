@@ -20,10 +20,10 @@ from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
 from podnet.names import Keys
-from podnet.node.stats import Histogram
 from podnet.state.alloc import Allocator
 from podnet.state.alloc import jobs as alloc_jobs
 from podnet.state.ipam import Ipam, PoolExhausted
+from podnet.stats import Histogram
 
 # -- names -------------------------------------------------------------------------------
 

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 from podnet import __version__
 from podnet.api.handlers import Handler, Peer
 from podnet.api.metrics import AgentCollector
-from podnet.node.stats import ETCD_BUCKETS, Histogram
 from podnet.state.quota import QuotaExceeded
+from podnet.stats import ETCD_BUCKETS, Histogram
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 

@@ -19,9 +19,9 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.errors import PodnetError
 from podnet.kernel.nl import mac_for_ip as nl_mac
 from podnet.node.pods import Pod
-from podnet.node.stats import Tally
 from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
+from podnet.stats import Tally
 
 log = logging.getLogger("podnet.server")
 

@@ -9,12 +9,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
-from prometheus_client import (
-    PLATFORM_COLLECTOR,
-    PROCESS_COLLECTOR,
-    CollectorRegistry,
-    start_http_server,
-)
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -23,12 +17,10 @@ from prometheus_client.core import (
 )
 
 from podnet import __version__
-from podnet.node.stats import BUCKETS, Histogram, Tally
+from podnet.stats import BUCKETS, Histogram, Tally, counter_family, histogram_family, serve
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-
-    from prometheus_client.registry import Collector
 
 __all__ = ["BUCKETS", "KINDS", "AgentCollector", "Histogram", "Observed", "start_metrics"]
 
@@ -79,21 +71,6 @@ class Requests(Protocol):
     def quota_refused(self) -> Tally: ...
 
 
-def _histogram(name: str, doc: str, h: Histogram) -> HistogramMetricFamily:
-    with h.lock:
-        buckets = [(str(b), n) for b, n in zip(h.bounds, h.counts, strict=True)]
-        buckets.append(("+Inf", h.count))
-        total = h.sum
-    return HistogramMetricFamily(name, doc, buckets=buckets, sum_value=total)
-
-
-def _counter(name: str, doc: str, labels: list[str], tally: Tally) -> CounterMetricFamily:
-    c = CounterMetricFamily(name, doc, labels=labels)
-    for values, n in tally.items():
-        c.add_metric(list(values), n)
-    return c
-
-
 class AgentCollector:
     def __init__(self, agent: Observed, requests: Requests | None = None) -> None:
         self.agent = agent
@@ -112,12 +89,12 @@ class AgentCollector:
         yield CounterMetricFamily(
             "podnet_etcd_errors", "etcd request errors", value=self.agent.etcd.errors
         )
-        yield _histogram(
+        yield histogram_family(
             "podnet_etcd_request_seconds",
             "Round trip of podnetd's etcd requests (unary calls)",
             self.agent.etcd_seconds,
         )
-        yield _histogram(
+        yield histogram_family(
             "podnet_pod_setup_seconds",
             "Job pod setup time since podnetd started",
             self.agent.setup_seconds,
@@ -128,13 +105,13 @@ class AgentCollector:
             value=self.agent.records_restored,
         )
         if self.requests is not None:
-            yield _counter(
+            yield counter_family(
                 "podnet_requests_failed",
                 "Requests to podnetd that failed, by op and error code (docs/api.md)",
                 ["op", "code"],
                 self.requests.failed,
             )
-            yield _counter(
+            yield counter_family(
                 "podnet_quota_refusals",
                 "Requests refused over a user's quota, by op and limit",
                 ["op", "limit"],
@@ -143,10 +120,4 @@ class AgentCollector:
 
 
 def start_metrics(listen: str, agent: Observed, requests: Requests | None = None) -> None:
-    host, _sep, port = listen.rpartition(":")
-    registry = CollectorRegistry()
-    collector: Collector = AgentCollector(agent, requests)
-    registry.register(collector)
-    registry.register(PROCESS_COLLECTOR)
-    registry.register(PLATFORM_COLLECTOR)
-    start_http_server(int(port), addr=host, registry=registry)
+    serve(listen, AgentCollector(agent, requests))

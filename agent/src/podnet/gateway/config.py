@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """podnet-gatewayd's own configuration (`/etc/podnet/gateway.yaml`, written by
-hpc.podnet.gateway): the external interface and address, the published port range."""
+hpc.podnet.gateway): the external interface and address, the published port range, the
+metrics endpoint (host:port, off when absent)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class GatewayConfig:
     external_interface: str
     external_ip: str
     ports: str = "20000-20999"
+    metrics: str | None = None
 
     @classmethod
     def load(cls, path: str) -> GatewayConfig:
@@ -29,7 +31,7 @@ class GatewayConfig:
             raise ConfigError(f"{path}: {e}") from None
         if not isinstance(d, dict):
             raise ConfigError(f"{path}: expected a mapping")
-        extra = sorted(set(d) - {"external_interface", "external_ip", "ports"})
+        extra = sorted(set(d) - {"external_interface", "external_ip", "ports", "metrics"})
         if extra:
             raise ConfigError(f"{path}: unknown setting(s): {', '.join(extra)}")
         try:
@@ -43,4 +45,10 @@ class GatewayConfig:
         lo, _sep, hi = ports.partition("-")
         if not (lo.isdigit() and hi.isdigit() and 0 < int(lo) <= int(hi) < 65536):
             raise ConfigError(f"{path}: 'ports' must be lo-hi, got {ports!r}")
-        return cls(ifname, ip, ports)
+        metrics = d.get("metrics")
+        if metrics is not None:
+            host, _sep, port = str(metrics).rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ConfigError(f"{path}: 'metrics' must be host:port, got {metrics!r}")
+            metrics = str(metrics)
+        return cls(ifname, ip, ports, metrics)

@@ -35,10 +35,12 @@ from podnet import __version__, logs
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.gateway import nft
 from podnet.gateway.config import DEFAULT_GATEWAY_CONFIG, GatewayConfig
+from podnet.gateway.metrics import start_metrics
 from podnet.gateway.nft import ruleset, update
 from podnet.gateway.state import State, read_state
 from podnet.names import Keys
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, cmp_mod, op_delete
+from podnet.stats import ETCD_BUCKETS, Histogram, Tally
 
 log = logging.getLogger("podnet.gateway")
 
@@ -50,13 +52,28 @@ class Gateway:
         self.cfg = cfg
         self.gcfg = gcfg
         self.keys = Keys(cfg.cluster)
+        # what the metrics read (gateway/metrics.py)
+        self.syncs = Tally()
+        self.sync_seconds = Histogram()
+        self.etcd_seconds = Histogram(ETCD_BUCKETS)
+        self.sync_failures = 0
+        self.released = 0
         self.etcd = Etcd(
-            cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout
+            cfg.etcd_endpoints,
+            cfg.etcd_ca,
+            cfg.etcd_cert,
+            cfg.etcd_key,
+            cfg.etcd_timeout,
+            observe=self.etcd_seconds.observe,
         )
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.cur: State | None = None  # what the kernel table holds
         self.applied = 0
+
+    @property
+    def external_ip(self) -> str:
+        return self.gcfg.external_ip
 
     def pod_cidr(self) -> str:
         d = self.etcd.get_json(self.keys.config)
@@ -79,12 +96,15 @@ class Gateway:
         for kv in stale:
             # guarded: a record rewritten meanwhile stays
             self.etcd.txn([cmp_mod(kv.key, kv.mod_revision)], [op_delete(kv.key)])
+            self.released += 1
             log.info("publication %s released (its job is gone)", kv.key.rsplit("/", 1)[-1])
         cmd = update(self.cur, st) if self.cur is not None else None
         if cmd is None:
             self.apply(ruleset(pod_cidr, self.gcfg.external_interface, self.gcfg.external_ip, st))
             self.applied += 1
+            self.syncs.add("full")
         elif cmd:
+            kind = "update"
             try:
                 self.apply(cmd)
             except RuntimeError as e:  # out of step with the kernel: start over
@@ -92,9 +112,13 @@ class Gateway:
                 self.apply(
                     ruleset(pod_cidr, self.gcfg.external_interface, self.gcfg.external_ip, st)
                 )
+                kind = "replace"
             self.applied += 1
+            self.syncs.add(kind)
         self.cur = st
-        return time.monotonic() - t0
+        took = time.monotonic() - t0
+        self.sync_seconds.observe(took)
+        return took
 
     def run(self) -> None:
         # forwarding; and flows the peer synced (conntrackd) carry TCP windows a little
@@ -121,6 +145,7 @@ class Gateway:
                 took = self.sync(pod_cidr)
                 log.debug("sync in %.1f ms", took * 1000)
             except (EtcdUnavailable, EtcdRequestError, RuntimeError) as e:
+                self.sync_failures += 1
                 log.warning("sync failed (retrying): %s", e)
                 self.wake.set()
                 self.stop.wait(1.0)
@@ -149,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     logs.setup(cfg.log_level)
     gw = Gateway(cfg, gcfg)
+    if gcfg.metrics:
+        start_metrics(gcfg.metrics, gw)
 
     def stop(signum: int, frame: FrameType | None) -> None:
         del frame

@@ -45,13 +45,13 @@ from podnet.node.guard import RecordGuard
 from podnet.node.pods import Pod, PodTable, PodWiring, job_search, search_of
 from podnet.node.reconcile import Reconciler
 from podnet.node.sessions import LoginSessions
-from podnet.node.stats import ETCD_BUCKETS, Histogram
 from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
 from podnet.state.alloc import Allocator, AllocError, Job, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.stats import ETCD_BUCKETS, Histogram
 
 __all__ = ["Agent", "Pod", "PodnetError"]
 

@@ -1,0 +1,78 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The metrics endpoints on the lab (issue 37), scraped from ctl over the cluster network
+as the site's Prometheus would: podnetd on login counts alice's login pod and a refused
+request; on a lab with gateways, exactly one of gw1 and gw2 says it holds the external
+address and both export their table's state."""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from typing import Any
+
+import yaml
+from conftest import lab_inventory, ssh
+from prometheus_client.parser import text_string_to_metric_families
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def underlay_ip(node: str) -> str:
+    def find(group: dict[str, Any]) -> str | None:
+        hosts = group.get("hosts") or {}
+        if node in hosts and (hosts[node] or {}).get("podnet_underlay_ip"):
+            return str(hosts[node]["podnet_underlay_ip"])
+        for child in (group.get("children") or {}).values():
+            got = find(child or {})
+            if got:
+                return got
+        return None
+
+    ip = find(yaml.safe_load(lab_inventory().read_text())["all"])
+    assert ip, f"{node}: no podnet_underlay_ip in the lab's inventory"
+    return ip
+
+
+def scrape(node: str, port: int) -> Samples:
+    url = f"http://{underlay_ip(node)}:{port}/metrics"
+    code = (
+        f"import urllib.request; print(urllib.request.urlopen({url!r}, timeout=10).read().decode())"
+    )
+    text = ssh("ctl", f"python3 -c {shlex.quote(code)}").stdout
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def test_podnetd_on_login_counts_a_login_pod_and_a_refused_request() -> None:
+    before = scrape("login", 9464)
+    key = ("podnet_requests_failed_total", (("code", "EPERM"), ("op", "job_up")))
+    # alice asks podnetd for a job's pod herself: refused (root only), counted by op and code
+    req = base64.b64encode(b'{"v": 1, "op": "job_up", "job_id": 1}\n').decode()
+    ask = (
+        "import base64, socket; s = socket.socket(socket.AF_UNIX); "
+        "s.connect('/run/podnet/podnetd.sock'); "
+        f"s.sendall(base64.b64decode('{req}')); print(s.makefile().readline())"
+    )
+    out = ssh("alice@login", f"python3 -c {shlex.quote(ask)}").stdout
+    assert '"EPERM"' in out, out
+    got = scrape("login", 9464)
+    assert got[key] == before.get(key, 0) + 1
+    assert got[("podnet_pods", (("kind", "login"),))] >= 1  # alice's, in its grace
+    assert got[("process_resident_memory_bytes", ())] > 10_000_000
+    assert any(name == "podnet_build_info" for name, _labels in got)
+    assert got[("podnet_etcd_request_seconds_count", ())] > 0
+
+
+def test_exactly_one_gateway_holds_the_external_address() -> None:
+    inv = lab_inventory().read_text()
+    if "gw1" not in inv:
+        return  # a lab without gateways (LAB_GATEWAYS=1 has them): nothing to scrape
+    masters = [scrape(gw, 9465)[("podnet_gateway_vrrp_master", ())] for gw in ("gw1", "gw2")]
+    assert sorted(masters) == [0, 1], masters
+    for gw in ("gw1", "gw2"):
+        got = scrape(gw, 9465)
+        assert got[("podnet_gateway_syncs_total", (("kind", "full"),))] >= 1
+        assert ("podnet_gateway_published_ports", ()) in got
