@@ -121,7 +121,9 @@ build_kube() {
             trap 'rm -f "$tmp"' EXIT
             (cd "$src" && go build -ldflags "$ldflags" -o "$tmp" .)
             chmod 0755 "$tmp"
-            "$tmp" kubectl version --client 2>&1 | grep -qx "Client Version: v$version" \
+            # the output whole first: grep -q ends at its match, and kubectl, still writing its next
+            # line, would die of SIGPIPE and fail the pipeline (pipefail)
+            grep -qx "Client Version: v$version" <<<"$("$tmp" kubectl version --client 2>&1)" \
                 || { echo "podnet-kube: built binary does not say v$version" >&2; exit 1; }
             mv -f "$tmp" "$out"
             (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
@@ -320,7 +322,7 @@ build_flannel() {
             [ "$dropped" = 4 ] || { echo "flanneld: expected to drop 4 backend imports, dropped $dropped" >&2; exit 1; }
             (cd "$tmp" && go build -ldflags "-s -w -X github.com/flannel-io/flannel/pkg/version.Version=v$version" \
                 -o "$tmp/flanneld" .)
-            "$tmp/flanneld" --version 2>&1 | grep -qx "v$version" \
+            grep -qx "v$version" <<<"$("$tmp/flanneld" --version 2>&1)" \
                 || { echo "flanneld: built binary does not say v$version" >&2; exit 1; }
             mv -f "$tmp/flanneld" "$out"
             (cd "$artifacts" && sha256sum "$(basename "$out")" >"$out.sha256.tmp" && mv -f "$out.sha256.tmp" "$out.sha256")
