@@ -238,46 +238,6 @@ fetch_etcd_release_locked() {
     echo "etcd release tarball: $name.tar.gz (Debian $version) sha256 $(cut -d' ' -f1 "$out.sha256")"
 }
 
-# Prometheus for nodes without an apt source (the lab: hpc.podnet.prometheus with
-# prometheus_install_method artifact): prometheus-<version>.linux-amd64.tar.gz, the layout of
-# Prometheus's own release tarballs (prometheus, promtool under prometheus-<version>.linux-amd64/),
-# made from Debian trixie's prometheus and promtool packages (Go, libc only) reproducibly like
-# etcd's above, + .sha256. A site with apt uses Debian's package (the role's default method).
-fetch_prometheus_release() {
-    (
-        flock 9
-        fetch_prometheus_release_locked
-    ) 9>"$artifacts/.prometheus.lock"
-}
-
-fetch_prometheus_release_locked() {
-    local tmp deb version up name out
-    out=$(find "$artifacts" -maxdepth 1 -name 'prometheus-*.linux-amd64.tar.gz' | sort | tail -n 1)
-    if [ -n "$out" ] && [ -s "$out.sha256" ]; then
-        echo "prometheus release tarball: cached ($(basename "$out"))"
-        return 0
-    fi
-    tmp=$(mktemp -d "$artifacts/.promrel.XXXXXX")
-    trap 'rm -rf "$tmp"' RETURN
-    apt_download "$tmp" trixie "" prometheus promtool || return 1
-    deb=$(ls "$tmp"/deb/prometheus_*.deb)
-    version=$(dpkg-deb -f "$deb" Version)
-    up=${version%%[-+]*}
-    name=prometheus-$up.linux-amd64
-    mkdir -p "$tmp/x" "$tmp/t/$name"
-    for deb in "$tmp"/deb/prometheus_*.deb "$tmp"/deb/promtool_*.deb; do dpkg-deb -x "$deb" "$tmp/x"; done
-    for b in prometheus promtool; do
-        [ -x "$tmp/x/usr/bin/$b" ] || { echo "prometheus release tarball: no $b in Debian's prometheus $version" >&2; return 1; }
-        cp -p "$tmp/x/usr/bin/$b" "$tmp/t/$name/$b"
-    done
-    touch -r "$tmp/x/usr/bin/prometheus" "$tmp/t/$name"
-    out=$artifacts/$name.tar.gz
-    tar -C "$tmp/t" --sort=name --owner=0 --group=0 --numeric-owner -cf - "$name" | gzip -n -9 >"$out.tmp"
-    mv -f "$out.tmp" "$out"
-    (cd "$artifacts" && sha256sum "$name.tar.gz" >"$name.tar.gz.sha256.tmp" && mv -f "$name.tar.gz.sha256.tmp" "$name.tar.gz.sha256")
-    echo "prometheus release tarball: $name.tar.gz (Debian $version) sha256 $(cut -d' ' -f1 "$out.sha256")"
-}
-
 # Apptainer: the Debian package roles/apptainer installs (apptainer_version), from sid
 # (trixie has none; its dependencies are all in trixie and in the lab image), as
 # $artifacts/apptainer_<version>_amd64.deb + .sha256. Same isolated apt as etcd.
@@ -418,7 +378,6 @@ build_kube
 fetch_etcd
 fetch_etcd_release
 fetch_promtool
-fetch_prometheus_release
 fetch_apptainer
 build_flannel
 fetch_cni_plugins
