@@ -103,7 +103,8 @@ artifacts: host-deps
 	  wait $$image || rc=1; cat $(ROOT)/build/lab-image.log; \
 	  [ $$rc != 0 ] || { $(ROOT)/agent/artifacts/build-wheelhouse.sh \
 	    && $(ROOT)/agent/native/build-artifact.sh "$$(cat $(ROOT)/build/lab-image.path)" $(PODNET_WHEELHOUSE_DIR); } \
-	  || rc=1; wait $$go || rc=1; cat $(ROOT)/build/build-artifacts.log; exit $$rc
+	  || rc=1; $(ROOT)/agent/artifacts/fetch-prometheus.sh || rc=1; \
+	  wait $$go || rc=1; cat $(ROOT)/build/build-artifacts.log; exit $$rc
 
 # What a site installs (docs/install.md): dist/podnet-<version>/ with the collection tarball,
 # the artifact bundle (artifacts/: what the roles install on nodes that stock Debian has not)

@@ -17,6 +17,8 @@
 #   podnet-debs-bookworm.tar, podnet-debs-trixie.tar (air-gapped nodes: the stock Debian
 #       packages the roles install, podnet_package_source: bundle) when they were built
 #       (agent/artifacts/build-debian-packages.sh: make release, the site lane)
+#   prometheus-<v>.linux-amd64.tar.gz (hpc.podnet.prometheus's artifact method) when it was
+#       built (make artifacts)
 #   podnet-wheelhouse-<version>/      from $PODNET_WHEELHOUSE_DIR (default: the same artifacts
 #       directory; build-wheelhouse.sh)
 #   podnet-native-<version>-<platform>/   the native builds DIR (default: every one of this
@@ -55,7 +57,8 @@ files=(
     "$(role_default hpk hpk_kube_artifact_name)"
 )
 # built on demand, not by make artifacts: in the bundle when built (with its .sha256)
-for f in "$(role_default apptainer apptainer_bookworm_artifact_name)" podnet-debs-bookworm.tar podnet-debs-trixie.tar; do
+for f in "$(role_default apptainer apptainer_bookworm_artifact_name)" podnet-debs-bookworm.tar podnet-debs-trixie.tar \
+         "$(role_default prometheus prometheus_artifact_name)"; do
     if [ -s "$cache/$f" ] && [ -s "$cache/$f.sha256" ]; then
         (cd "$cache" && sha256sum --quiet -c "$f.sha256") || die "$cache/$f: does not match its .sha256"
         files+=("$f")

@@ -47,6 +47,9 @@ def test_the_endpoint_counts_pods_refusals_and_etcd_round_trips(
         assert got[("podnet_requests_failed_total", (("code", "EPERM"), ("op", "job_up")))] == 1
         assert got[("podnet_etcd_request_seconds_count", ())] > 0
         assert got[("podnet_pod_setup_seconds_count", ())] == 1
+        # the pod's address came from a block this node took (cluster-wide view of etcd)
+        assert got[("podnet_pool_blocks", ())] >= 1
+        assert got[("podnet_pool_blocks_capacity", ())] >= got[("podnet_pool_blocks", ())]
         assert ("podnet_build_info", (("version", __version__),)) in got
         assert got[("process_resident_memory_bytes", ())] > 10_000_000
         assert got[("process_open_fds", ())] > 0

@@ -15,11 +15,14 @@ import re
 import subprocess
 import sys
 import time
+import urllib.parse
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 LAB = os.environ.get("PODNET_E2E_LAB", "pnlab")
@@ -210,3 +213,70 @@ def etcdctl(args: str) -> str:
         f"etcdctl --endpoints=https://127.0.0.1:2379 --cacert={pki}/ca.crt "
         f"--cert={pki}/admin.crt --key={pki}/admin.key {args}",
     ).stdout
+
+
+def _inventory_hosts(group: str) -> dict[str, dict[str, Any]]:
+    """{host: its inventory variables} of `group` in the lab's inventory (nested groups
+    searched), the variables taken from wherever the host is defined."""
+    tree = yaml.safe_load(lab_inventory().read_text())["all"]
+    hostvars: dict[str, dict[str, Any]] = {}
+    members: set[str] = set()
+
+    def walk(name: str, g: dict[str, Any]) -> None:
+        for h, v in (g.get("hosts") or {}).items():
+            hostvars.setdefault(h, {}).update(v or {})
+            if name == group:
+                members.add(h)
+        for child, cg in (g.get("children") or {}).items():
+            walk(child, cg or {})
+
+    walk("all", tree)
+    return {h: hostvars[h] for h in sorted(members)}
+
+
+@functools.cache
+def prometheus_url() -> str | None:
+    """The lab's Prometheus (hpc.podnet.prometheus on the `prometheus` group: ctl; port 9090
+    of its underlay address, reached from here over the lab bridge), None in a lab without."""
+    hosts = _inventory_hosts("prometheus")
+    if not hosts:
+        return None
+    host = next(iter(hosts.values()))
+    return f"http://{host['podnet_underlay_ip']}:9090"
+
+
+def prometheus_api(path: str, **params: str) -> Any:
+    """GET /api/v1/<path> of the lab's Prometheus: its `data`."""
+    url = f"{prometheus_url()}/api/v1/{path}"
+    if params:
+        url += "?" + urllib.parse.urlencode(params)
+    with urllib.request.urlopen(url, timeout=10) as r:  # noqa: S310 (the lab's own address)
+        body = json.load(r)
+    assert body.get("status") == "success", body
+    return body["data"]
+
+
+def prometheus_value(query: str) -> float | None:
+    """The value of an instant query with one result (None: no result)."""
+    res = prometheus_api("query", query=query)["result"]
+    assert len(res) <= 1, res
+    return float(res[0]["value"][1]) if res else None
+
+
+def firing(alertname: str, **labels: str) -> list[dict[str, Any]]:
+    """The alerts `alertname` with `labels` that fire now in the lab's Prometheus."""
+    return [
+        a
+        for a in prometheus_api("alerts")["alerts"]
+        if a["labels"].get("alertname") == alertname
+        and a["state"] == "firing"
+        and all(a["labels"].get(k) == v for k, v in labels.items())
+    ]
+
+
+def save_evidence(name: str, text: str) -> None:
+    """With PODNET_E2E_EVIDENCE=DIR, keep `text` as DIR/name (outputs a report quotes)."""
+    out = os.environ.get("PODNET_E2E_EVIDENCE")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / name).write_text(text)

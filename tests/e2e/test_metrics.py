@@ -2,7 +2,8 @@
 """The metrics endpoints on the lab (issue 37), scraped from ctl over the cluster network
 as the site's Prometheus would: podnetd on login counts alice's login pod and a refused
 request; on a lab with gateways, exactly one of gw1 and gw2 says it holds the external
-address and both export their table's state."""
+address and both export their table's state. The lab's Prometheus (ctl:9090) scrapes every
+component: podnetd on each node, etcd, CoreDNS, podnet-gatewayd on the gateways."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import shlex
 from typing import Any
 
 import yaml
-from conftest import lab_inventory, ssh
+from conftest import lab_inventory, prometheus_api, prometheus_url, save_evidence, ssh, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
@@ -76,3 +77,27 @@ def test_exactly_one_gateway_holds_the_external_address() -> None:
         got = scrape(gw, 9465)
         assert got[("podnet_gateway_syncs_total", (("kind", "full"),))] >= 1
         assert ("podnet_gateway_published_ports", ()) in got
+
+
+def test_prometheus_scrapes_every_component() -> None:
+    if prometheus_url() is None:
+        return  # a lab without the prometheus group (LAB_OS=bookworm): no Prometheus
+    nodes = {"ctl", "login", "c1", "c2"}
+    want = {("podnetd", n) for n in nodes} | {("etcd", "ctl"), ("coredns", "ctl")}
+    want.add(("prometheus", "ctl"))
+    if "gw1" in lab_inventory().read_text():
+        want |= {(job, gw) for gw in ("gw1", "gw2") for job in ("podnetd", "podnet-gatewayd")}
+
+    def all_up() -> dict[tuple[str, str], str]:
+        got = {
+            (t["labels"]["job"], t["labels"]["instance"]): t["health"]
+            for t in prometheus_api("targets", state="active")["activeTargets"]
+        }
+        assert want <= set(got), sorted(want - set(got))
+        down = {k: v for k, v in got.items() if v != "up"}
+        assert not down, down
+        return got
+
+    got = wait_for(all_up, 90, 3)
+    rows = [f"{job:16} {inst:8} {health}" for (job, inst), health in sorted(got.items())]
+    save_evidence("targets.txt", "\n".join(rows) + "\n")

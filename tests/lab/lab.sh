@@ -600,10 +600,13 @@ write_inventory() {
             fi
         done
         echo "      children:"
-        for group in etcd dns gateway slurmctld login compute; do
+        for group in etcd dns gateway slurmctld login compute prometheus; do
             case $group in
                 etcd) members=$LAB_ETCD_NODES ;;
                 dns | slurmctld) members=$first_ctl ;;
+                # the lab's Prometheus (hpc.podnet.prometheus); not on Debian 12 labs (the
+                # site install, tests/site-install, deploys what a site has: none)
+                prometheus) members=""; [ "$LAB_OS" = trixie ] && members=$first_ctl ;;
                 gateway) members=""; [ "$LAB_GATEWAYS" = 1 ] && members=$GW_NODES ;;
                 login) members=$(nodes_like 'login*') ;;
                 compute) members=$(nodes_like 'c*' 'ctl*') ;;

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from podnet.config import ConfigError
 from podnet.gateway.config import GatewayConfig
-from podnet.gateway.metrics import GatewayCollector, holds_address
+from podnet.gateway.metrics import GatewayCollector, VrrpWatch, holds_address
 from podnet.gateway.state import State
 from podnet.state.gwpolicy import Compiled
 from podnet.stats import ETCD_BUCKETS, Histogram, Tally
@@ -40,6 +40,7 @@ class Gw:
     etcd_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
     sync_failures: int = 0
     released: int = 0
+    vrrp: VrrpWatch = field(default_factory=VrrpWatch)
 
 
 def scrape(gw: Gw, fib: Path) -> dict[tuple[str, str], float]:
@@ -107,3 +108,17 @@ def test_gateway_yaml_metrics_setting(tmp_path: Path) -> None:
         f.write_text(base + f"metrics: '{bad}'\n")
         with pytest.raises(ConfigError, match="'metrics' must be host:port"):
             GatewayConfig.load(str(f))
+
+
+def test_vrrp_transitions_count_failovers_not_the_first_look(tmp_path: Path) -> None:
+    fib = tmp_path / "fib_trie"
+    fib.write_text(FIB_TRIE)
+    gw = Gw()
+    assert gw.vrrp.observe(False) is False  # the first look is a state, not a change
+    assert gw.vrrp.observe(False) is False
+    assert gw.vrrp.observe(True) is True  # took the address: a failover to this gateway
+    assert gw.vrrp.observe(True) is False
+    assert gw.vrrp.observe(False) is True
+    got = scrape(gw, fib)
+    assert got[("podnet_gateway_vrrp_transitions_total", "to=master")] == 1
+    assert got[("podnet_gateway_vrrp_transitions_total", "to=backup")] == 1

@@ -38,6 +38,7 @@ class Agent:
     setup_seconds: Histogram = field(default_factory=Histogram)
     etcd_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
     records_restored: int = 0
+    pool_blocks: tuple[int, int] = (0, 0)
     cfg: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(roles=["login"]))
 
     def list_pods(self, uid: int | None) -> list[Pod]:
@@ -104,3 +105,9 @@ def test_failed_requests_by_op_and_code_and_quota_refusals_by_limit() -> None:
     assert got[("podnet_quota_refusals_total", lab(op="login_acquire", limit="logins"))] == 1
     ops = {json.loads(labels).get("op") for name, labels in got if "failed" in name}
     assert ops == {"job_up", "login_acquire", "invalid"}
+
+
+def test_pool_blocks_taken_and_capacity() -> None:
+    got = samples(Agent(pool_blocks=(3, 2048)))
+    assert got[("podnet_pool_blocks", lab())] == 3
+    assert got[("podnet_pool_blocks_capacity", lab())] == 2048

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Optional Prometheus endpoint (docs/monitoring.md): pods by kind, users, pod setup time,
+"""Optional Prometheus endpoint (docs/monitoring.md): pods by kind, users, the address pool's
+blocks taken and its size, pod setup time,
 failed requests by op and error code, quota refusals by limit, etcd round trips and errors,
 records written back by the guard, build information, and the process's own metrics (CPU,
 memory, open file descriptors). Labels take a few known values each, never a user name."""
@@ -58,6 +59,9 @@ class Observed(Protocol):
     @property
     def records_restored(self) -> int: ...
 
+    @property
+    def pool_blocks(self) -> tuple[int, int]: ...
+
     def list_pods(self, uid: int | None) -> Sequence[_Pod]: ...
 
 
@@ -98,6 +102,17 @@ class AgentCollector:
             "podnet_pod_setup_seconds",
             "Job pod setup time since podnetd started",
             self.agent.setup_seconds,
+        )
+        taken, capacity = self.agent.pool_blocks
+        yield GaugeMetricFamily(
+            "podnet_pool_blocks",
+            "Address blocks of the pod network taken, cluster-wide (this node's view of etcd)",
+            value=taken,
+        )
+        yield GaugeMetricFamily(
+            "podnet_pool_blocks_capacity",
+            "Address blocks in the pod network (podnet_pod_cidr / podnet_pod_block_prefix)",
+            value=capacity,
         )
         yield CounterMetricFamily(
             "podnet_records_restored",

@@ -35,7 +35,7 @@ from podnet import __version__, logs
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.gateway import nft
 from podnet.gateway.config import DEFAULT_GATEWAY_CONFIG, GatewayConfig
-from podnet.gateway.metrics import start_metrics
+from podnet.gateway.metrics import VrrpWatch, holds_address, start_metrics
 from podnet.gateway.nft import ruleset, update
 from podnet.gateway.state import State, read_state
 from podnet.names import Keys
@@ -58,6 +58,7 @@ class Gateway:
         self.etcd_seconds = Histogram(ETCD_BUCKETS)
         self.sync_failures = 0
         self.released = 0
+        self.vrrp = VrrpWatch()
         self.etcd = Etcd(
             cfg.etcd_endpoints,
             cfg.etcd_ca,
@@ -139,6 +140,7 @@ class Gateway:
             self.wake.wait(5.0)  # also a periodic pass (jobs that ended while we were away)
             if self.stop.is_set():
                 break
+            self.watch_vrrp()
             time.sleep(DEBOUNCE)
             self.wake.clear()
             try:
@@ -149,6 +151,16 @@ class Gateway:
                 log.warning("sync failed (retrying): %s", e)
                 self.wake.set()
                 self.stop.wait(1.0)
+
+    def watch_vrrp(self) -> None:
+        """Note (and log) a change of whether this gateway holds the external address."""
+        if self.vrrp.observe(holds_address(self.external_ip)):
+            if self.vrrp.master:
+                log.warning(
+                    "VRRP: this gateway took the external address %s (failover)", self.external_ip
+                )
+            else:
+                log.warning("VRRP: this gateway lost the external address %s", self.external_ip)
 
     def _resync(self) -> int:
         self.wake.set()

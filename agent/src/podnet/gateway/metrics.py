@@ -22,7 +22,7 @@ from podnet import __version__
 from podnet.gateway.state import State
 from podnet.stats import Histogram, Tally, counter_family, histogram_family, serve
 
-__all__ = ["GatewayCollector", "Observed", "holds_address", "start_metrics"]
+__all__ = ["GatewayCollector", "Observed", "VrrpWatch", "holds_address", "start_metrics"]
 
 Family = CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily | InfoMetricFamily
 
@@ -51,6 +51,9 @@ class Observed(Protocol):
     @property
     def released(self) -> int: ...
 
+    @property
+    def vrrp(self) -> VrrpWatch: ...
+
 
 def holds_address(ip: str, fib_trie: str = "/proc/net/fib_trie") -> bool:
     """Whether `ip` is an address of this host (a `/32 host LOCAL` route of the local
@@ -64,6 +67,24 @@ def holds_address(ip: str, fib_trie: str = "/proc/net/fib_trie") -> bool:
     return any(
         line.strip() == want and "/32 host LOCAL" in nxt for line, nxt in itertools.pairwise(lines)
     )
+
+
+class VrrpWatch:
+    """Changes of whether this gateway holds the external address, as podnet-gatewayd's loop
+    sees them (at least every 5 s): a failover shows as a transition to `master` on one
+    gateway and to `backup` on the other, even between two scrapes."""
+
+    def __init__(self) -> None:
+        self.master: bool | None = None  # None: not looked yet
+        self.transitions = Tally()
+
+    def observe(self, master: bool) -> bool:
+        """Record the state seen now; True when it changed since the last look."""
+        before, self.master = self.master, master
+        if before is None or before == master:
+            return False
+        self.transitions.add("master" if master else "backup")
+        return True
 
 
 class GatewayCollector:
@@ -80,6 +101,13 @@ class GatewayCollector:
             "podnet_gateway_vrrp_master",
             "1 when this gateway holds the external address (keepalived's master)",
             value=1 if holds_address(gw.external_ip, self.fib_trie) else 0,
+        )
+        yield counter_family(
+            "podnet_gateway_vrrp_transitions",
+            "Changes of this gateway's VRRP state seen by podnet-gatewayd, by the state it "
+            "entered (master: took the external address; backup: lost it)",
+            ["to"],
+            gw.vrrp.transitions,
         )
         yield counter_family(
             "podnet_gateway_syncs",

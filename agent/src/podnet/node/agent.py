@@ -481,6 +481,16 @@ class Agent:
         }
 
     @property
+    def pool_blocks(self) -> tuple[int, int]:
+        """(blocks of the pod network taken, blocks in it), cluster-wide as this node's watch
+        of etcd sees them (metrics; (0, 0) until the cluster configuration is known)."""
+        if self._rooms is None:
+            return 0, 0
+        ipam = self._rooms.alloc.ipam
+        with ipam.lock:
+            return len(ipam.blocks), ipam.n_blocks
+
+    @property
     def records_restored(self) -> int:
         """The records the guard wrote back since podnetd started (metrics)."""
         return self._rooms.guard.restored if self._rooms is not None else 0
