@@ -145,9 +145,10 @@ class NodePlane:
             lambda: lease.id,
             containers.adopt,
         )
-        on_idle = None
-        if cc.egress_gateway and not gateway_node:
-            on_idle = lambda: ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)  # noqa: E731
+
+        def egress_check() -> None:
+            ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)
+
         sync = EtcdSync(
             etcd,
             keys,
@@ -160,7 +161,7 @@ class NodePlane:
             work,
             own_job=reconcile.own_job,
             on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
-            on_idle=on_idle,
+            on_idle=egress_check if cc.egress_gateway and not gateway_node else None,
         )
         guard = RecordGuard(
             etcd, keys, cfg.node, alloc, pods, reconcile.local.load, lambda: lease.id
