@@ -2,7 +2,8 @@
 /*
  * podnet_spank.c - SPANK plugin: every Slurm job gets a network pod per node.
  * This file is the dispatch: Slurm's entry points, each handed with the
- * plugin's one state (struct pn_spank, podnet_spank.h) to its context's file.
+ * plugin's one state (struct pn_spank, podnet_spank_common.h) to its
+ * context's file, through that context's header.
  *
  *   srun, sbatch, salloc  init: --podnet=yes|no, --podnet-image,
  *                         their environment forms PODNET=,
@@ -30,7 +31,11 @@
  * 24.11). Built with hidden visibility: only what this file marks (the
  * plugin's name and version, the slurm_spank_* entry points) is exported.
  */
-#include "podnet_spank.h"
+#include "podnet_spank_extern.h"
+#include "podnet_spank_job_script.h"
+#include "podnet_spank_opts.h"
+#include "podnet_spank_step.h"
+#include "podnet_spank_task.h"
 
 /* the plugin's one state: each process that loads the plugin has its own */
 static struct pn_spank st = PNS_INIT;
@@ -67,6 +72,30 @@ static struct spank_option options[PNS_OPT_COUNT] = {
 	},
 };
 
+/* slurm_spank_init_post_opt in slurmstepd: the extern step's, or another
+ * step's */
+static int stepd_post_opt(spank_t sp)
+{
+	uint32_t job_id = 0, step_id = 0;
+
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
+		pns_set_pending(&st, "podnet: cannot get the job/step id");
+		return 0;
+	}
+	if (step_id == SLURM_EXTERN_CONT)
+		pns_extern_up(&st, sp, job_id);
+	else
+		pns_step_post_opt(&st, sp, job_id, step_id);
+	/* Never fail here: a failing batch step drains the node and requeues
+	 * the job, and srun only prints "Plugin initialization failed".
+	 * Errors are reported in task_init_privileged, where the task's
+	 * stderr reaches the user. */
+	if (st.pending_error[0])
+		slurm_error("%s", st.pending_error);
+	return 0;
+}
+
 #pragma GCC visibility push(default)
 
 SPANK_PLUGIN(podnet, 1);
@@ -84,7 +113,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void) ac;
 	(void) av;
 	if (ctx == S_CTX_REMOTE)
-		return pns_step_post_opt(&st, sp);
+		return stepd_post_opt(sp);
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR)
 		pns_local_post_opt(&st);
 	return 0;

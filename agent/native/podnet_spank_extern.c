@@ -14,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "podnet_spank.h"
+#include "podnet_spank_extern.h"
 
 /*
  * Slurm's namespace/linux (>= 25.11, clone_ns_flags CLONE_NEWPID) gives the

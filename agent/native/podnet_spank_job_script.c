@@ -19,53 +19,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "podnet_spank.h"
-
-#define MARK_DIR "/run/podnet-spank"
-
-static void mark_path(uint32_t job_id, char *p, size_t sz)
-{
-	snprintf(p, sz, MARK_DIR "/optout.%u", job_id);
-}
-
-static void optout_mark(uint32_t job_id)
-{
-	char p[64];
-	struct stat s;
-	int fd;
-
-	if (mkdir(MARK_DIR, 0700) < 0 && errno != EEXIST)
-		return;
-	if (lstat(MARK_DIR, &s) < 0 || !S_ISDIR(s.st_mode) ||
-	    s.st_uid != 0 || (s.st_mode & 077))
-		return;
-	mark_path(job_id, p, sizeof(p));
-	fd = open(p, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
-	if (fd >= 0)
-		close(fd);
-}
-
-int pns_optout_marked(const struct pns_cfg *cfg, uint32_t job_id)
-{
-	char p[64];
-	struct stat s;
-
-	if (!cfg->allow_opt_out)
-		return 0;
-	if (lstat(MARK_DIR, &s) < 0 || !S_ISDIR(s.st_mode) ||
-	    s.st_uid != 0 || (s.st_mode & 077))
-		return 0;
-	mark_path(job_id, p, sizeof(p));
-	return lstat(p, &s) == 0 && S_ISREG(s.st_mode) && s.st_uid == 0;
-}
-
-void pns_optout_clear(uint32_t job_id)
-{
-	char p[64];
-
-	mark_path(job_id, p, sizeof(p));
-	(void) unlink(p);
-}
+#include "podnet_spank_job_script.h"
+#include "podnet_spank_opts.h"
 
 int pns_job_prolog(struct pn_spank *st, spank_t sp, int ac, char **av,
 		   struct spank_option *podnet_opt)
@@ -78,7 +33,7 @@ int pns_job_prolog(struct pn_spank *st, spank_t sp, int ac, char **av,
 		return 0;
 	if (spank_option_getopt(sp, podnet_opt, &arg) == ESPANK_SUCCESS &&
 	    arg && !strcmp(arg, "no"))
-		optout_mark(job_id);
+		pns_optout_mark(job_id);
 	return 0;
 }
 

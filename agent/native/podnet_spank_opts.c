@@ -24,7 +24,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "podnet_spank.h"
+#include "podnet_spank_opts.h"
 #include "podnet_util.h"
 
 /* an absolute path of at most PATH_MAX - 1 bytes, or "none" */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * podnet_spank_step.c - slurmstepd of a step (root), in init_post_opt: the
- * extern step brings the pod up (podnet_spank_extern.c); the batch step,
+ * podnet_spank_step.c - slurmstepd of a step (root), in init_post_opt (the
+ * extern step's is podnet_spank_extern.c): the batch step,
  * salloc's interactive step and every srun step put slurmstepd's main thread
  * into the pod (job_get, job_up if the pod is missing, setns) BEFORE the MPI
  * plugin starts its threads and before the tasks fork, and open the pod's PID
@@ -18,30 +18,13 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "podnet_pod.h"
-#include "podnet_spank.h"
-
-void pns_set_pending(struct pn_spank *st, const char *fmt, ...)
-{
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(st->pending_error, sizeof(st->pending_error), fmt, ap);
-	va_end(ap);
-}
-
-int pns_in_pod_pidns(const struct pn_spank *st)
-{
-	struct stat s;
-
-	return stat("/proc/self/ns/pid", &s) == 0 && s.st_ino == st->pidns_ino;
-}
+#include "podnet_spank_step.h"
 
 /*
  * The pod's PID namespace, for user_init to fork the tasks into. setns() of a
@@ -231,140 +214,6 @@ void pns_step_exit(struct pn_spank *st)
 }
 
 /*
- * A step whose slurmstepd stays on the node's host network (--podnet=no, or a
- * pod it could not join): Slurm opens the step's connections to srun (IO, the
- * --pty terminal) with the user's effective uid, and srun in a login or job
- * pod is behind podnetd's host-side filter, which drops every user socket to
- * the pod network ("Slurmd could not connect IO"). The filter accepts sockets
- * created in the cgroup PN_STEPD_CGROUP (podnet_spank.h), which podnetd
- * creates and only root can join: slurmstepd is in it from init_post_opt
- * (before Slurm opens those connections) to user_init (before it forks the
- * tasks). The tasks are born in slurmstepd's own cgroup and stay filtered
- * (task_init_privileged checks).
- */
-static const char *const cg_mounts[] = { "/sys/fs/cgroup",
-					 "/sys/fs/cgroup/unified" };
-
-/* the caller's cgroup v2 path ("0::/path" in /proc/self/cgroup) */
-static int own_cgroup(char *out, size_t sz)
-{
-	char line[PATH_MAX + 8];
-	FILE *f = fopen("/proc/self/cgroup", "re");
-	int rc = -1;
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f)) {
-		size_t l = strlen(line);
-
-		if (strncmp(line, "0::", 3) != 0)
-			continue;
-		while (l && line[l - 1] == '\n')
-			line[--l] = '\0';
-		if (strlen(line + 3) < sz) {
-			snprintf(out, sz, "%s", line + 3);
-			rc = 0;
-		}
-		break;
-	}
-	fclose(f);
-	return rc;
-}
-
-static int cg_write_pid(const char *dir, pid_t pid, char *why, size_t whysz)
-{
-	char path[PATH_MAX + 32];
-	int fd, rc = 0;
-
-	if (snprintf(path, sizeof(path), "%s/cgroup.procs", dir) >=
-	    (int) sizeof(path)) {
-		snprintf(why, whysz, "%s: path too long", dir);
-		return -1;
-	}
-	fd = open(path, O_WRONLY | O_CLOEXEC);
-	if (fd < 0 || dprintf(fd, "%d\n", (int) pid) < 0) {
-		snprintf(why, whysz, "%s: %s", path, strerror(errno));
-		rc = -1;
-	}
-	if (fd >= 0 && close(fd) < 0 && !rc) {
-		snprintf(why, whysz, "%s: %s", path, strerror(errno));
-		rc = -1;
-	}
-	return rc;
-}
-
-/* slurmstepd (root) into PN_STEPD_CGROUP; without it (podnetd made none: no
- * cgroup v2) the step runs as before, and srun in a pod gets no IO */
-static void stepd_cgroup_enter(struct pn_spank *st, uint32_t job_id,
-			       uint32_t step_id)
-{
-	char dir[PATH_MAX], why[PATH_MAX + 64];
-	size_t i;
-
-	if (own_cgroup(st->cg_home, sizeof(st->cg_home)) < 0)
-		return;
-	for (i = 0; i < sizeof(cg_mounts) / sizeof(cg_mounts[0]); i++) {
-		struct stat s;
-
-		snprintf(dir, sizeof(dir), "%s/" PN_STEPD_CGROUP, cg_mounts[i]);
-		if (stat(dir, &s) == 0 && S_ISDIR(s.st_mode)) {
-			st->cg_mnt = cg_mounts[i];
-			break;
-		}
-	}
-	if (!st->cg_mnt) {
-		slurm_info("podnet: job %u step %u: no cgroup " PN_STEPD_CGROUP
-			   " (podnetd: no cgroup v2): srun in a pod cannot "
-			   "reach this step", job_id, step_id);
-		return;
-	}
-	st->cg_pid = getpid();
-	if (cg_write_pid(dir, st->cg_pid, why, sizeof(why)) < 0) {
-		slurm_error("podnet: job %u step %u: %s", job_id, step_id, why);
-		return;
-	}
-	st->cg_moved = 1;
-}
-
-int pns_stepd_cgroup_leave(struct pn_spank *st)
-{
-	char dir[2 * PATH_MAX], why[2 * PATH_MAX + 64];
-	uid_t euid = geteuid();
-	int rc;
-
-	if (!st->cg_moved)
-		return 0;
-	snprintf(dir, sizeof(dir), "%s%s", st->cg_mnt, st->cg_home);
-	if (euid != 0 && seteuid(0) < 0) {
-		slurm_error("podnet: seteuid(0): %s", strerror(errno));
-		return -1;
-	}
-	rc = cg_write_pid(dir, st->cg_pid, why, sizeof(why));
-	if (euid != 0 && seteuid(euid) < 0) {
-		slurm_error("podnet: seteuid(%u): %s", (unsigned) euid,
-			    strerror(errno));
-		return -1; /* never go on as root */
-	}
-	if (rc < 0) {
-		slurm_error("podnet: cannot return slurmstepd to its cgroup: "
-			    "%s", why);
-		return -1;
-	}
-	st->cg_moved = 0;
-	return 0;
-}
-
-int pns_in_stepd_cgroup(void)
-{
-	char cg[PATH_MAX];
-	size_t n = strlen("/" PN_STEPD_CGROUP);
-
-	return own_cgroup(cg, sizeof(cg)) == 0 &&
-	       !strncmp(cg, "/" PN_STEPD_CGROUP, n) &&
-	       (cg[n] == '\0' || cg[n] == '/');
-}
-
-/*
  * The tasks' and the batch script's PODNET_POD_NAME, PODNET_POD_IP and
  * PODNET_JOB_DOMAIN (podnet_spank_env.h): the joined pod's, or none at all (a
  * step on the host network, a pod podnetd did not describe): a value the
@@ -389,31 +238,14 @@ static void export_pod_env(struct pn_spank *st, spank_t sp)
 			(void) spank_unsetenv(sp, vars[i]);
 }
 
-/* slurm_spank_init_post_opt in slurmstepd */
-int pns_step_post_opt(struct pn_spank *st, spank_t sp)
+/* slurm_spank_init_post_opt in slurmstepd of a step other than the extern
+ * step (the dispatch reports st->pending_error afterwards) */
+void pns_step_post_opt(struct pn_spank *st, spank_t sp, uint32_t job_id,
+		       uint32_t step_id)
 {
-	uint32_t job_id = 0, step_id = 0;
-
-	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS) {
-		pns_set_pending(st, "podnet: cannot get the job/step id");
-		return 0;
-	}
-	if (step_id == SLURM_EXTERN_CONT) {
-		pns_extern_up(st, sp, job_id);
-	} else {
-		step_join(st, sp, job_id, step_id);
-		export_pod_env(st, sp);
-	}
-	/* on the host network, srun may be in a pod (see stepd_cgroup_enter) */
-	if (!st->joined && step_id != SLURM_EXTERN_CONT &&
-	    step_id != SLURM_BATCH_SCRIPT)
-		stepd_cgroup_enter(st, job_id, step_id);
-	/* Never fail here: a failing batch step drains the node and requeues
-	 * the job, and srun only prints "Plugin initialization failed".
-	 * Errors are reported in task_init_privileged, where the task's
-	 * stderr reaches the user. */
-	if (st->pending_error[0])
-		slurm_error("%s", st->pending_error);
-	return 0;
+	step_join(st, sp, job_id, step_id);
+	export_pod_env(st, sp);
+	/* on the host network, srun may be in a pod (see pns_stepd_cgroup_enter) */
+	if (!st->joined && step_id != SLURM_BATCH_SCRIPT)
+		pns_stepd_cgroup_enter(st, job_id, step_id);
 }

@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "podnet_pod.h"
-#include "podnet_spank.h"
+#include "podnet_spank_task.h"
 
 /* Is the calling thread in the pod's network namespace? */
 static int in_pod(const struct pn_spank *st)

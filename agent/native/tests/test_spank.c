@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "ctest.h"
-#include "podnet_spank.h"
+#include "podnet_spank_opts.h"
 
 /* ---- stand-ins for Slurm ---- */
 static spank_context_t ctx = S_CTX_LOCAL;

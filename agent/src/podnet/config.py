@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from podnet import DEFAULT_SOCKET
+from podnet.contracts import CLUSTER_DEFAULTS
 from podnet.names import is_label
 
 DEFAULT_CONFIG = "/etc/podnet/podnet.yaml"
@@ -284,6 +285,7 @@ class NodeConfig:
 
 
 FAILURE_POLICIES = ("fail", "retry")
+_D = CLUSTER_DEFAULTS
 #: the quota settings and their largest values (a user bridge holds 1023 ports: a node's
 #: limit leaves room for the user's job and login pods there)
 QUOTA_SETTINGS = {
@@ -299,31 +301,32 @@ class ClusterConfig:
     pod_cidr: ipaddress.IPv4Network
     block_prefix: int
     zone: str
-    vxlan_port: int = 4789
+    # the defaults of the settings the agent role writes: contracts.toml's
+    vxlan_port: int = _D["vxlan_port"]
     #: other VXLAN ports on the nodes (Flannel's): user sockets may not send to them and
     #: they are received from registered nodes only, as podnet's own
-    other_vxlan_ports: list[int] = field(default_factory=lambda: [8472])
+    other_vxlan_ports: list[int] = field(default_factory=lambda: list(_D["other_vxlan_ports"]))
     underlay_mtu: int = 1500
-    vni_min: int = 4096
-    vni_max: int = 16777215
+    vni_min: int = _D["vni_min"]
+    vni_max: int = _D["vni_max"]
     search_domains: list[str] = field(default_factory=list)
     dns_servers: list[str] = field(default_factory=list)
     host_cidrs: list[ipaddress.IPv4Network] = field(default_factory=list)
-    gateway_ip: str = "169.254.0.1"
-    login_lease_ttl: int = 60
-    login_grace: float = 30.0
-    failure_policy: str = "fail"
-    failure_retry_seconds: float = 30.0
+    gateway_ip: str = _D["gateway_ip"]
+    login_lease_ttl: int = _D["login_lease_ttl"]
+    login_grace: float = float(_D["login_grace"])
+    failure_policy: str = _D["failure_policy"]
+    failure_retry_seconds: float = float(_D["failure_retry_seconds"])
     #: the gateways' virtual address on the cluster network: pods' traffic to anything
     #: outside the cluster goes there (docs/gateway.md); "" = no gateway, no way out
     egress_gateway: str = ""
     #: per-user quotas (docs/security.md "Quotas"; root and host_users are not limited):
     #: containers on one node, containers and login pods in the cluster, and the addresses
     #: of both together (job pods are Slurm's to admit: never refused, never counted)
-    quota_containers_per_node: int = 32
-    quota_containers: int = 128
-    quota_login_pods: int = 8
-    quota_addresses: int = 136
+    quota_containers_per_node: int = _D["quota_containers_per_node"]
+    quota_containers: int = _D["quota_containers"]
+    quota_login_pods: int = _D["quota_login_pods"]
+    quota_addresses: int = _D["quota_addresses"]
 
     @property
     def pod_mtu(self) -> int:

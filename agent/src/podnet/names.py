@@ -9,6 +9,8 @@ import ipaddress
 import os
 import re
 
+from podnet.contracts import DNS_PTR, DNS_ROOT, ETCD_KEYS, ETCD_ROOT
+
 _LABEL_BAD = re.compile(r"[^a-z0-9-]+")
 _DASHES = re.compile(r"-{2,}")
 _LABEL_OK = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
@@ -102,7 +104,7 @@ def is_veth_name(name: str) -> bool:
 def zone_path(zone: str) -> str:
     """SkyDNS path of a zone: `lab` -> `/skydns/lab`, `a.b.c` -> `/skydns/c/b/a`."""
     labels = [x for x in zone.strip(".").split(".") if x]
-    return "/skydns/" + "/".join(reversed(labels))
+    return DNS_ROOT + "/".join(reversed(labels))
 
 
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
@@ -114,82 +116,127 @@ def ptr_key(ip: str) -> str:
     # the allocator's own addresses (a 1000-node job: 1000 of them) without ipaddress's
     # parser; any other form (leading zeros, garbage) goes through it
     if _DOTTED.fullmatch(ip):
-        return "/skydns/arpa/in-addr/" + ip.replace(".", "/")
+        return DNS_PTR + ip.replace(".", "/")
     a, b, c, d = ipaddress.IPv4Address(ip).packed
-    return f"/skydns/arpa/in-addr/{a}/{b}/{c}/{d}"
+    return f"{DNS_PTR}{a}/{b}/{c}/{d}"
+
+
+def _around(template: str, *fields: str) -> list[str]:
+    """The literal parts of a key template around its `fields`, in that order
+    (`"ips/{ip}"`, "ip" -> `["ips/", ""]`), so that a key is one f-string."""
+    out, rest = [], template
+    for f in fields:
+        lit, sep, rest = rest.partition("{" + f + "}")
+        if not sep:
+            raise ValueError(f"contracts.toml: etcd key {template!r} has no {{{f}}}")
+        out.append(lit)
+    if "{" in rest:
+        raise ValueError(f"contracts.toml: etcd key {template!r} has other fields")
+    return [*out, rest]
 
 
 class Keys:
-    """etcd keys of one cluster (docs/architecture.md, "etcd layout")."""
+    """etcd keys of one cluster: the layout in contracts.toml (docs/architecture.md, "etcd
+    layout"), one method per key."""
 
     def __init__(self, cluster: str) -> None:
-        self.root = f"/podnet/{cluster}/"
+        root = self.root = ETCD_ROOT.format(cluster=cluster)
 
-    @property
-    def config(self) -> str:
-        return self.root + "config"
+        def around(name: str, *fields: str) -> list[str]:
+            parts = _around(ETCD_KEYS[name], *fields)
+            return [root + parts[0], *parts[1:]]
+
+        self.config = "".join(around("config"))
+        #: the gateways' external address and port range (podnet-gatewayd writes it)
+        self.gateway_config = "".join(around("gateway_config"))
+        self._global_policy = "".join(around("gateway_policy"))
+        self._user_policy = around("gateway_user_policy", "user")
+        self._node, self._alive = around("node", "node"), around("alive", "node")
+        self._block, self._user = around("block", "block"), around("user", "user")
+        self._vni, self._ip, self._job = (
+            around("vni", "vni"),
+            around("ip", "ip"),
+            around("job", "job_id"),
+        )
+        self._name = around("name", "user", "label")
+        self._login = around("login", "node", "user")
+        self._quota = around("quota", "user", "kind", "slot")
+        self._job_lock = around("job_lock", "job_id")
+        self._job_node = around("job_node", "job_id", "node")
+        self._vtep = around("vtep", "vni", "node")
+        self._container = around("container", "node", "ns")
+        self._published = around("published", "port")
 
     def node(self, node: str) -> str:
-        return f"{self.root}nodes/{node}"
+        a, b = self._node
+        return f"{a}{node}{b}"
 
     def alive(self, node: str) -> str:
-        return f"{self.root}alive/{node}"
+        a, b = self._alive
+        return f"{a}{node}{b}"
 
     def block(self, cidr: str) -> str:
-        return f"{self.root}blocks/{cidr.replace('/', '-')}"
+        a, b = self._block
+        return f"{a}{cidr.replace('/', '-')}{b}"
 
     def user(self, user: str) -> str:
-        return f"{self.root}users/{user}"
+        a, b = self._user
+        return f"{a}{user}{b}"
 
     def vni(self, vni: int) -> str:
-        return f"{self.root}vnis/{vni}"
+        a, b = self._vni
+        return f"{a}{vni}{b}"
 
     def ip(self, ip: str) -> str:
-        return f"{self.root}ips/{ip}"
+        a, b = self._ip
+        return f"{a}{ip}{b}"
 
     def job(self, job_id: int) -> str:
-        return f"{self.root}jobs/{job_id}"
+        a, b = self._job
+        return f"{a}{job_id}{b}"
 
     def name(self, user: str, label: str) -> str:
-        return f"{self.root}names/{user}/{label}"
+        a, b, c = self._name
+        return f"{a}{user}{b}{label}{c}"
 
     def login(self, node: str, user: str) -> str:
-        return f"{self.root}logins/{node}/{user}"
+        a, b, c = self._login
+        return f"{a}{node}{b}{user}{c}"
 
     def quota(self, user: str, kind: str, slot: int | None = None) -> str:
         """A user's quota slot of a kind (state/quota.py); None: the prefix of them all."""
-        return f"{self.root}quota/{user}/{kind}/" + ("" if slot is None else str(slot))
+        a, b, c, d = self._quota
+        return f"{a}{user}{b}{kind}{c}{'' if slot is None else slot}{d}"
 
     def job_lock(self, job_id: int) -> str:
         """Taken by the node that allocates a job when its first node is late."""
-        return f"{self.root}joblocks/{job_id}"
+        a, b = self._job_lock
+        return f"{a}{job_id}{b}"
 
     def job_node(self, job_id: int, node: str) -> str:
-        return f"{self.root}jobnodes/{job_id}/{node}"
+        a, b, c = self._job_node
+        return f"{a}{job_id}{b}{node}{c}"
 
     def vtep(self, vni: int, node: str) -> str:
-        return f"{self.root}vteps/{vni}/{node}"
+        a, b, c = self._vtep
+        return f"{a}{vni}{b}{node}{c}"
 
     def container(self, node: str, ns: str) -> str:
         """A container's record (its netns `pn-c...` on `node`)."""
-        return f"{self.root}containers/{node}/{ns}"
-
-    @property
-    def gateway_config(self) -> str:
-        """The gateways' external address and port range (podnet-gatewayd writes it)."""
-        return self.root + "gateway/config"
+        a, b, c = self._container
+        return f"{a}{node}{b}{ns}{c}"
 
     def gateway_policy(self, user: str | None = None) -> str:
         """The global gateway policy, or a user's (hpc.podnet.gateway_policy)."""
-        return self.root + (
-            "gateway/policy/global" if user is None else f"gateway/policy/users/{user}"
-        )
+        if user is None:
+            return self._global_policy
+        a, b = self._user_policy
+        return f"{a}{user}{b}"
 
     def published(self, external_port: int | None = None) -> str:
         """A published port's record (None: the prefix of them all)."""
-        return self.prefix("gateway/published") + (
-            "" if external_port is None else str(external_port)
-        )
+        a, b = self._published
+        return f"{a}{'' if external_port is None else external_port}{b}"
 
     def prefix(self, what: str) -> str:
         return f"{self.root}{what}/"

@@ -19,6 +19,7 @@ from podnet.names import Keys
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.reconcile import Reconciler, decide_lost_pod
+from podnet.node.view import ClusterView
 from podnet.state.alloc import Allocator, AllocError, Job
 from podnet.state.ipam import Ipam
 
@@ -195,8 +196,19 @@ def _reconciler(tmp_path: Path, running: str) -> tuple[Reconciler, FakeEtcd, lis
     pods = PodTable()
     nothing: Any = None
     r = Reconciler(
-        cfg, CC, etcd, Keys("u"), _alloc(etcd), nothing, pods, _Nets(), nothing, nothing, lambda: 0
-    )  # type: ignore[arg-type]
+        cfg,
+        CC,
+        etcd,
+        Keys("u"),
+        _alloc(etcd),
+        nothing,
+        nothing,
+        pods,
+        _Nets(),  # type: ignore[arg-type]
+        ClusterView("c1"),
+        nothing,
+        lambda: 0,
+    )
     downs: list[int] = []
     job = _job()
     r.local.save(job, 0)

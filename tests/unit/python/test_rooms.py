@@ -26,6 +26,7 @@ from podnet.node.pods import Pod, PodTable, job_search
 from podnet.node.reconcile import parse_job_ids
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
+from podnet.node.view import ClusterView, SyncQueue
 from podnet.state.alloc import Allocator, Job, JobRecords
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
@@ -71,7 +72,11 @@ def _nets(linger: float) -> tuple[UserNetworks, FakeEtcd, FakeDataplane, PodTabl
     etcd, dp, pods = FakeEtcd(), FakeDataplane(), PodTable()
     keys = Keys("u")
     alloc = Allocator(etcd, keys, Ipam(CC.pod_cidr, 26), "lab", 4096, 8191)  # type: ignore[arg-type]
-    nets = UserNetworks(etcd, keys, alloc, dp, pods, "n1", "203.0.113.11", linger)  # type: ignore[arg-type]
+    view = ClusterView("n1")
+    view.node_ips = {"n1": "203.0.113.11"}
+    nets = UserNetworks(
+        etcd, keys, alloc, dp, pods, "n1", "203.0.113.11", linger, view, SyncQueue()
+    )  # type: ignore[arg-type]
     return nets, etcd, dp, pods
 
 
@@ -178,7 +183,7 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     alloc = nets.alloc
     alloc.jobs = JobRecords()
-    sync = EtcdSync(etcd, Keys("u"), "n1", alloc, dp, None, pods, nets)  # type: ignore[arg-type]
+    sync = EtcdSync(etcd, Keys("u"), "n1", alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
     sync.on_event("put", "/podnet/u/ips/198.18.0.5", None)  # not followed any more
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
@@ -194,24 +199,24 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     sync.on_event("put", "/podnet/u/vteps/5001/n2", _KV({"ip": "192.0.2.66"}))  # ignored
     sync.on_event("delete", "/podnet/u/nodes/n3", None)
     assert sync.take() == {5000, "nodes"}
-    sync.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
-    assert sync.vteps_of(5000) == ["203.0.113.11", "203.0.113.12"]
-    assert sync.vteps_of(5001) == ["203.0.113.11"], "a VTEP key named an address"
+    nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
+    assert nets.view.vteps_of(5000) == ["203.0.113.11", "203.0.113.12"]
+    assert nets.view.vteps_of(5001) == ["203.0.113.11"], "a VTEP key named an address"
     dp.bridges = {5000: []}
     sync.apply({5000})
     assert dp.bridges[5000] == ["203.0.113.11", "203.0.113.12"]
     # the job ends: its addresses are free again, n2 no longer floods
     sync.on_event("delete", "/podnet/u/jobs/3", None)
     assert sync.take() == {5000} and alloc.jobs.get(3) is None
-    assert sync.vteps_of(5000) == ["203.0.113.11"]
+    assert nets.view.vteps_of(5000) == ["203.0.113.11"]
     assert "198.18.0.1" not in alloc.ipam.used
 
 
 def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     nets.alloc.jobs = JobRecords()
-    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
-    sync.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
+    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
+    nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
     sync.on_event("put", "/podnet/u/users/alice", _KV({"vni": 5000, "uid": 2001}))
     sync.on_event("put", "/podnet/u/jobs/1", _job(1, ["n1"], ["198.18.0.2"], 5000))
     assert sync.take() == set()  # this node's own pod
@@ -227,28 +232,31 @@ def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
     )
     sync.on_event("put", "/podnet/u/logins/n2/carol", _KV("not json"))
     assert sync.take() == {5000, 5001}
-    assert sync.remote_macs(5000) == {
+    assert nets.view.remote_macs(5000) == {
         "0a:58:c6:12:00:42": "203.0.113.12",
         "0a:58:c6:12:00:43": "203.0.113.12",
     }  # n3 has no node record: no entry
     dp.bridges = {5000: []}
     sync.apply({5000})
-    assert dp.macs[5000] == sync.remote_macs(5000)
+    assert dp.macs[5000] == nets.view.remote_macs(5000)
     sync.on_event("delete", "/podnet/u/logins/n2/alice", None)
     assert sync.take() == {5000}
-    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:42"]
+    assert list(nets.view.remote_macs(5000)) == ["0a:58:c6:12:00:42"]
     # a resync rebuilds the same view from the records, in one transaction
     etcd.data.clear()
     etcd.put("/podnet/u/users/alice", {"vni": 5000, "uid": 2001})
     etcd.put("/podnet/u/logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001})
-    for n, ip in sync.node_ips.items():  # the same nodes: no firewall resync (no firewall here)
+    for (
+        n,
+        ip,
+    ) in nets.view.node_ips.items():  # the same nodes: no firewall resync (no firewall here)
         etcd.put(f"/podnet/u/nodes/{n}", {"ip": ip})
     txns = etcd.txns
     sync.resync()
     assert etcd.txns == txns + 1
-    assert list(sync.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
-    assert sync.remote_macs(5001) == {}
-    assert sync.user_vnis == {"alice": 5000}
+    assert list(nets.view.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
+    assert nets.view.remote_macs(5001) == {}
+    assert nets.view.user_vnis == {"alice": 5000}
 
 
 # -- records another writer changed --------------------------------------------------------
@@ -260,14 +268,14 @@ def _etcd_kv(etcd: FakeEtcd, key: str) -> Any:
 
 def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
-    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
+    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
     key = "/podnet/u/users/bob"
     etcd.put(key, {"vni": 5002, "uid": 2002})
     sync.on_event("put", key, _etcd_kv(etcd, key))  # first seen: bob's
-    assert sync.take() == set() and sync.user_vnis == {"bob": 5002}
+    assert sync.take() == set() and nets.view.user_vnis == {"bob": 5002}
     etcd.put(key, {"vni": 5000, "uid": 2002})  # alice's VNI
     sync.on_event("put", key, _etcd_kv(etcd, key))
-    assert sync.take() == {"restore"} and sync.user_vnis == {"bob": 5002}
+    assert sync.take() == {"restore"} and nets.view.user_vnis == {"bob": 5002}
     assert sync.restore() == 1
     assert etcd.data[key].json() == {"vni": 5002, "uid": 2002}
     sync.on_event("put", key, _etcd_kv(etcd, key))  # the write back's own event: no loop
@@ -289,10 +297,22 @@ def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> N
 def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     nets.alloc.jobs = JobRecords()
-    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets)  # type: ignore[arg-type]
     job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0)
+    lost: list[int] = []
+    sync = EtcdSync(
+        etcd,
+        Keys("u"),
+        "n1",
+        nets.alloc,
+        dp,
+        None,  # type: ignore[arg-type]
+        pods,
+        nets.view,
+        nets.work,
+        own_job=lambda j: job if j == 7 else None,
+        on_job_lost=lost.append,
+    )
     key = "/podnet/u/jobs/7"
-    sync.own_job = lambda j: job if j == 7 else None
     sync.on_event("put", key, _etcd_kv(etcd, key))
     assert "restore" not in sync.take()
     forged = {**job.to_json(), "user": "mallory", "uid": 6666}
@@ -301,8 +321,6 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
     assert "restore" in sync.take() and sync.restore() == 1
     assert etcd.data[key].json() == job.to_json()
     assert nets.alloc.jobs.get(7) is not None and nets.alloc.jobs.get(7).user == "alice"
-    lost: list[int] = []
-    sync.on_job_lost = lost.append
     etcd.delete(key)
     sync.on_event("delete", key, None)
     assert lost == [7]
@@ -386,7 +404,7 @@ def test_pod_names_and_search_list() -> None:
 # -- the failure policy --------------------------------------------------------------------
 
 
-class _Rooms:
+class _Plane:
     def __init__(self, policy: str, seconds: float) -> None:
         self.cc = ClusterConfig.from_dict(
             {
@@ -412,7 +430,7 @@ def _agent(tmp_path: Path, policy: str, seconds: float) -> Agent:
         "test",
     )
     a = Agent(cfg)
-    a._rooms = _Rooms(policy, seconds)  # type: ignore[assignment]
+    a._plane = _Plane(policy, seconds)  # type: ignore[assignment]
     return a
 
 

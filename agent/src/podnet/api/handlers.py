@@ -175,23 +175,16 @@ class Handler:
         self.quota_refused = Tally()
 
     def handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
-        reply = self._handle_line(peer, line)
+        op, reply = self._handle_line(peer, line)
         if not reply["ok"]:
-            op = self._op_of(line)
             self.failed.add(op, reply["error"]["code"])
             if reply["error"]["code"] == "EQUOTA":
                 self.quota_refused.add(op, str(reply["error"]["quota"]["limit"]))
         return reply
 
-    def _op_of(self, line: bytes) -> str:
-        """The request's op for the metrics' labels: one of ours, or "invalid"."""
-        try:
-            op = json.loads(line).get("op")
-        except (ValueError, UnicodeDecodeError, AttributeError):
-            return "invalid"
-        return op if isinstance(op, str) and op in self.ops else "invalid"
-
-    def _handle_line(self, peer: Peer, line: bytes) -> dict[str, Any]:
+    def _handle_line(self, peer: Peer, line: bytes) -> tuple[str, dict[str, Any]]:
+        """(the request's op for the metrics' labels: one of ours, or "invalid"; the reply)"""
+        op = "invalid"
         try:
             try:
                 req = json.loads(line)
@@ -199,29 +192,31 @@ class Handler:
                 raise PodnetError("EINVAL", "request is not valid JSON") from None
             if not isinstance(req, dict):
                 raise PodnetError("EINVAL", "request must be a JSON object")
+            asked = req.get("op")
+            fn = self.ops.get(asked) if isinstance(asked, str) else None
+            if fn is not None:
+                op = str(asked)
             if req.get("v") != VERSION:
                 raise PodnetError(
                     "EVERSION",
                     f"unsupported API version {req.get('v')!r} (this podnetd speaks {VERSION})",
                 )
-            op = req.get("op")
-            fn = self.ops.get(op) if isinstance(op, str) else None
             if fn is None:
-                raise PodnetError("EINVAL", f"unknown op {op!r}")
-            return {"v": VERSION, "ok": True, **fn(peer, req)}
+                raise PodnetError("EINVAL", f"unknown op {asked!r}")
+            return op, {"v": VERSION, "ok": True, **fn(peer, req)}
         except QuotaExceeded as e:
-            return _err(e.code, e.message, quota=e.details())
+            return op, _err(e.code, e.message, quota=e.details())
         except PodnetError as e:
-            return _err(e.code, e.message)
+            return op, _err(e.code, e.message)
         except (EtcdUnavailable, EtcdRequestError) as e:
             log.warning("etcd: %s", e)
-            return _err("EUNAVAIL", f"podnet state store unavailable: {e}")
+            return op, _err("EUNAVAIL", f"podnet state store unavailable: {e}")
         except OSError as e:
             log.exception("kernel error")
-            return _err("EUNAVAIL", f"kernel refused: {e}")
+            return op, _err("EUNAVAIL", f"kernel refused: {e}")
         except Exception as e:  # never crash the daemon on one request
             log.exception("internal error")
-            return _err("EINTERNAL", f"internal error: {type(e).__name__}")
+            return op, _err("EINTERNAL", f"internal error: {type(e).__name__}")
 
     @staticmethod
     def _root(peer: Peer) -> None:

@@ -27,6 +27,7 @@ from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
 from podnet.kernel import capability, nl
 from podnet.names import Keys, is_veth_name
 from podnet.node.etcd_sync import EtcdSync
+from podnet.node.view import ClusterView, SyncQueue
 from podnet.state.alloc import Allocator
 from podnet.state.ipam import Ipam
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
@@ -166,10 +167,10 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     try:
         cfg = NodeConfig.load(args.config)
         keys = Keys(cfg.cluster)
-        etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+        etcd = Etcd.of_node(cfg)
 
         def status_of(ep: str) -> dict[str, Any]:
-            one = Etcd([ep], cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+            one = Etcd.of_node(cfg, [ep])
             try:
                 return one.status()
             finally:
@@ -321,13 +322,14 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
     out = []
     keys = Keys(cfg.cluster)
     try:
-        etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+        etcd = Etcd.of_node(cfg)
         cc = ClusterConfig.from_dict(etcd.get_json(keys.config) or {}, strict=False)
         alloc = Allocator(
             etcd, keys, Ipam(cc.pod_cidr, cc.block_prefix), cc.zone, cc.vni_min, cc.vni_max
         )
-        view = EtcdSync(etcd, keys, cfg.node, alloc, None, None, None, None)  # type: ignore[arg-type]
-        view.resync()
+        view = ClusterView(cfg.node)
+        sync = EtcdSync(etcd, keys, cfg.node, alloc, None, None, None, view, SyncQueue())  # type: ignore[arg-type]
+        sync.resync()
         with nl.Netlink() as sock:
             for name, info in nl.links(sock).items():
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):

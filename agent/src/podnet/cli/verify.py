@@ -505,7 +505,7 @@ class Run:
 
 def load_model(cfg: NodeConfig, users: list[str]) -> Model:
     keys = Keys(cfg.cluster)
-    etcd = Etcd(cfg.etcd_endpoints, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout)
+    etcd = Etcd.of_node(cfg)
     cc = ClusterConfig.from_dict(etcd.get_json(keys.config), strict=False)
     m = Model(list(cc.host_cidrs), bool(cc.egress_gateway))
     if not m.egress:

@@ -59,14 +59,7 @@ class Gateway:
         self.sync_failures = 0
         self.released = 0
         self.vrrp = VrrpWatch()
-        self.etcd = Etcd(
-            cfg.etcd_endpoints,
-            cfg.etcd_ca,
-            cfg.etcd_cert,
-            cfg.etcd_key,
-            cfg.etcd_timeout,
-            observe=self.etcd_seconds.observe,
-        )
+        self.etcd = Etcd.of_node(cfg, observe=self.etcd_seconds.observe)
         self.wake = threading.Event()
         self.stop = threading.Event()
         self.cur: State | None = None  # what the kernel table holds

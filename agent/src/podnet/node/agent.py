@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The node agent: the operations the socket server calls, on top of rooms that each own
-one thing (built by `start`, injected into each other, testable alone):
+"""The node agent: the operations the socket server calls, on the node's pod network plane
+(`plane.NodePlane`, built by `start`: components that each own one thing, testable alone):
 
 * `pods.PodTable` / `pods.PodWiring`: this node's pods; one pod into the kernel and out;
-* `usernets.UserNetworks`: per-user bridge, VXLAN and VTEP registration, the per-user
-  lock, the linger timer;
+* `usernets.UserNetworks`: per-user bridge and VXLAN, the per-user lock, the linger;
+* `view.ClusterView` / `view.SyncQueue`: what the watches say, the sync loop's work;
 * `etcd_sync.EtcdSync`: etcd watches -> IPAM view, routes, FDB, firewall sets;
-* `sessions.LoginSessions`: which processes hold each login pod;
-* `state.node_lease.NodeLease`: the node's record and lease in etcd;
+* `sessions.LoginSessions`: which processes hold each login pod; `NodeLease`: the lease;
 * `reconcile.Reconciler`: adopt at start, garbage collection while running;
 * `containers.Containers`: containers on their owner's network (the CNI plugin).
 
@@ -34,22 +33,15 @@ from typing import Any, TypeVar
 from podnet import __version__
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
-from podnet.kernel.dataplane import Dataplane, NewNetns
-from podnet.kernel.egress import ensure_egress_route, set_egress_route
-from podnet.kernel.firewall import Firewall
-from podnet.kernel.pidns import PidNamespaces, PidnsError
+from podnet.kernel.dataplane import NewNetns
+from podnet.kernel.pidns import PidnsError
 from podnet.names import Keys, job_label, job_netns, login_netns
 from podnet.node.containers import Containers
-from podnet.node.etcd_sync import EtcdSync
-from podnet.node.guard import RecordGuard
-from podnet.node.pods import Pod, PodTable, PodWiring, job_search, search_of
-from podnet.node.reconcile import Reconciler
+from podnet.node.plane import NodePlane
+from podnet.node.pods import Pod, PodTable, job_search, search_of
 from podnet.node.sessions import LoginSessions
-from podnet.node.usernets import UserNetworks
 from podnet.state import publish, quota
-from podnet.state.alloc import Allocator, AllocError, Job, JobRecords
-from podnet.state.ipam import Ipam
-from podnet.state.node_lease import NodeLease
+from podnet.state.alloc import AllocError, Job
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 from podnet.stats import ETCD_BUCKETS, Histogram
 
@@ -67,14 +59,7 @@ class Agent:
         self.cfg = cfg
         self.keys = Keys(cfg.cluster)
         self.etcd_seconds = Histogram(ETCD_BUCKETS)
-        self.etcd = Etcd(
-            cfg.etcd_endpoints,
-            cfg.etcd_ca,
-            cfg.etcd_cert,
-            cfg.etcd_key,
-            cfg.etcd_timeout,
-            observe=self.etcd_seconds.observe,
-        )
+        self.etcd = Etcd.of_node(cfg, observe=self.etcd_seconds.observe)
         self.state = Path(cfg.state_dir)
         self.stop = threading.Event()
         self.pods = PodTable()
@@ -82,24 +67,24 @@ class Agent:
         self.setup_seconds = Histogram()
         # work that overlaps with the request thread's (job_up: 4 tasks per pod)
         self.pool = ThreadPoolExecutor(max_workers=6, thread_name_prefix="etcd")
-        self._rooms: _Rooms | None = None
+        self._plane: NodePlane | None = None
         #: the quotas (the cluster configuration's, followed while running)
         self.quotas = quota.LiveLimits(self.etcd, self.keys)
 
     @property
-    def rooms(self) -> _Rooms:
-        if self._rooms is None:
+    def plane(self) -> NodePlane:
+        if self._plane is None:
             raise RuntimeError("agent not started")
-        return self._rooms
+        return self._plane
 
     @property
     def cluster(self) -> ClusterConfig:
-        return self.rooms.cc
+        return self.plane.cc
 
     @property
     def containers(self) -> Containers:
         """container_add/del/check (the podnet CNI plugin, podnet-container)."""
-        return self.rooms.containers
+        return self.plane.containers
 
     # -- start ---------------------------------------------------------------------------
     def load_cluster_config(self) -> ClusterConfig:
@@ -130,25 +115,27 @@ class Agent:
         self.quotas.set(quota.Limits.of(cc))
         self.state.mkdir(parents=True, exist_ok=True)
         Path(cfg.resolv_dir).mkdir(parents=True, exist_ok=True)
-        rooms = self._rooms = _Rooms.build(self, cc)
+        plane = self._plane = NodePlane.build(
+            cfg, cc, self.etcd, self.pods, self.sessions, self.quotas.get, self.job_down
+        )
         with contextlib.suppress(OSError):
             Path("/proc/sys/net/ipv4/ip_forward").write_text("1")
-        rooms.lease.register()
-        rev = rooms.sync.resync()  # the views now; the sync loop's first pass does the rest
-        rooms.sync.refresh_nodes()
-        rooms.reconcile.reconcile()
-        rooms.containers.release_unadopted()
-        rooms.reconcile.reclaim_lost(self.job_down)
-        rooms.sync.sync_routes()
-        rooms.sync.watch(rev, self.stop)
+        plane.lease.register()
+        rev = plane.sync.resync()  # the views now; the sync loop's first pass does the rest
+        plane.sync.refresh_nodes()
+        plane.reconcile.reconcile()
+        plane.containers.release_unadopted()
+        plane.reconcile.reclaim_lost(self.job_down)
+        plane.sync.sync_routes()
+        plane.sync.watch(rev, self.stop)
         loops: list[tuple[str, Callable[[], None]]] = [
-            ("lease", lambda: rooms.lease.run(self.stop, rooms.reconcile.after_lease_loss)),
-            ("sync", lambda: rooms.sync.run(self.stop)),
+            ("lease", lambda: plane.lease.run(self.stop, plane.reconcile.after_lease_loss)),
+            ("sync", lambda: plane.sync.run(self.stop)),
             ("sessions", self._session_loop),
-            ("gc", lambda: rooms.reconcile.run_gc(self.stop, self.job_down)),
-            ("linger", lambda: rooms.nets.run(self.stop)),
-            ("containers", lambda: rooms.containers.run(self.stop)),
-            ("guard", lambda: rooms.guard.run(self.stop)),
+            ("gc", lambda: plane.reconcile.run_gc(self.stop, self.job_down)),
+            ("linger", lambda: plane.nets.run(self.stop)),
+            ("containers", lambda: plane.containers.run(self.stop)),
+            ("guard", lambda: plane.guard.run(self.stop)),
         ]
         for name, target in loops:
             threading.Thread(target=target, name=name, daemon=True).start()
@@ -195,7 +182,7 @@ class Agent:
         self, job_id: int, user: str, uid: int, job_name: str, nodes: list[str], node_index: int
     ) -> tuple[Pod, bool]:
         """(the job's pod here, whether this call made it)"""
-        r = self.rooms
+        r = self.plane
         name = job_netns(job_id)
         with r.nets.lock(uid):
             pod = self.pods.get(name)
@@ -225,7 +212,7 @@ class Agent:
                 if making.exception() is None:
                     r.dp.discard(making.result())
                 else:
-                    _drop_resolv(r.dp, name, making.exception())
+                    r.wiring.drop_resolv(name, making.exception())
                 if isinstance(e, AllocError):
                     raise PodnetError("EINVAL", str(e)) from None
                 raise
@@ -246,7 +233,7 @@ class Agent:
         """`_job_up` once the job is allocated: the pod wired into the namespace `making`
         made (with the resolv.conf `resolving` wrote), while workers send `later` to etcd
         and write this node's copy of the record."""
-        r, job_id = self.rooms, job.job_id
+        r, job_id = self.plane, job.job_id
         naming: Future[None] = self.pool.submit(_run_all, later) if later else _done()
         # what a restore to an older etcd snapshot needs to keep the pod, written (disk)
         # while the pod is wired
@@ -257,7 +244,7 @@ class Agent:
         except BaseException as e:
             wait([saving, naming])
             r.reconcile.local.drop(job_id)
-            _drop_resolv(r.dp, name, e)
+            r.wiring.drop_resolv(name, e)
             raise
         if resolving.exception() is None:  # else wire_pod writes it (or fails)
             ns.resolv = resolving.result()
@@ -285,7 +272,7 @@ class Agent:
         return pod
 
     def job_down(self, job_id: int) -> bool:
-        r = self.rooms
+        r = self.plane
         name = job_netns(job_id)
         pod = self.pods.pop(name)
         r.reconcile.unclaimed.pop(name, None)
@@ -301,7 +288,7 @@ class Agent:
         """Adopt Slurm's PID namespace of the job (PID 1 `pid`) as its pod's (pidns.py)."""
         name = job_netns(job_id)
         self.job_get(job_id)
-        pidns = self.rooms.dp.pidns
+        pidns = self.plane.dp.pidns
         if pidns is None:
             return False
         try:
@@ -327,7 +314,7 @@ class Agent:
         return pod
 
     def _login_pod(self, user: str, uid: int) -> Pod:
-        r = self.rooms
+        r = self.plane
         name = login_netns(uid)
         with r.nets.lock(uid):
             pod = self.pods.get(name)
@@ -373,7 +360,7 @@ class Agent:
         if not self.limited(uid):
             return {"user": user, "limited": False, "limits": []}
         q = self.quotas.get()
-        used = self.rooms.alloc.slots.usage(user, ("containers", "addresses", "logins"))
+        used = self.plane.alloc.slots.usage(user, ("containers", "addresses", "logins"))
         here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
         rows = [
             ("containers_per_node", q.containers_per_node, here, self.cfg.node),
@@ -400,10 +387,10 @@ class Agent:
             limit = publish.limit_of(self.etcd, self.keys, user)
         except PodnetError:
             return None
-        return limit, len(self.rooms.alloc.slots.live(user, "published"))
+        return limit, len(self.plane.alloc.slots.live(user, "published"))
 
     def login_release(self, uid: int) -> bool:
-        r = self.rooms
+        r = self.plane
         name = login_netns(uid)
         with r.nets.lock(uid):
             pod = self.pods.pop(name)
@@ -493,21 +480,14 @@ class Agent:
     @property
     def records_restored(self) -> int:
         """The records the guard wrote back since podnetd started (metrics)."""
-        return self._rooms.guard.restored if self._rooms is not None else 0
+        return self._plane.guard.restored if self._plane is not None else 0
 
     def shutdown(self) -> None:
         self.stop.set()
         self.pool.shutdown(wait=False)
-        if self._rooms is not None:
-            self._rooms.lease.withdraw()
-            self._rooms.dp.close()
-
-
-def _drop_resolv(dp: Dataplane, name: str, error: BaseException | None) -> None:
-    """The resolv.conf written for pod `name` whose namespace was not made (`error`): gone,
-    unless the pod's file exists already (someone else's pod of that name keeps it)."""
-    if not isinstance(error, FileExistsError):
-        dp.remove_resolv(name)
+        if self._plane is not None:
+            self._plane.lease.withdraw()
+            self._plane.dp.close()
 
 
 def _futures(*fs: Future[Any]) -> list[Future[Any]]:
@@ -525,115 +505,3 @@ def _done() -> Future[None]:
     f: Future[None] = Future()
     f.set_result(None)
     return f
-
-
-class _Rooms:
-    """The agent's components once the cluster config is known."""
-
-    def __init__(
-        self,
-        cc: ClusterConfig,
-        alloc: Allocator,
-        dp: Dataplane,
-        fw: Firewall,
-        wiring: PodWiring,
-        nets: UserNetworks,
-        sync: EtcdSync,
-        lease: NodeLease,
-        reconcile: Reconciler,
-        containers: Containers,
-        guard: RecordGuard,
-    ) -> None:
-        self.cc = cc
-        self.alloc = alloc
-        self.dp = dp
-        self.fw = fw
-        self.wiring = wiring
-        self.nets = nets
-        self.sync = sync
-        self.lease = lease
-        self.reconcile = reconcile
-        self.containers = containers
-        self.guard = guard
-
-    @classmethod
-    def build(cls, agent: Agent, cc: ClusterConfig) -> _Rooms:
-        cfg, etcd, keys = agent.cfg, agent.etcd, agent.keys
-        alloc = Allocator(
-            etcd,
-            keys,
-            Ipam(cc.pod_cidr, cc.block_prefix),
-            cc.zone,
-            cc.vni_min,
-            cc.vni_max,
-            jobs=JobRecords(),
-        )
-        dp = Dataplane(
-            cfg.netns_dir,
-            cfg.resolv_dir,
-            cfg.underlay_interface,
-            cfg.underlay_ip,
-            cc.vxlan_port,
-            cc.underlay_mtu,
-            PidNamespaces(cfg.pidns_dir, cfg.pid_init),
-        )
-        gateway_node = "gateway" in cfg.roles
-        fw = Firewall(
-            cc.pod_cidr,
-            cc.vxlan_port,
-            cc.host_cidrs,
-            cfg.host_uids,
-            cc.other_vxlan_ports,
-            cc.egress_gateway,
-            cfg.underlay_interface,
-            gateway_node,
-        )
-        set_egress_route(
-            str(cc.pod_cidr), "" if gateway_node else cc.egress_gateway, cfg.underlay_interface
-        )
-        nets = UserNetworks(
-            etcd, keys, alloc, dp, agent.pods, cfg.node, cfg.underlay_ip, cfg.user_net_linger
-        )
-        sync = EtcdSync(etcd, keys, cfg.node, alloc, dp, fw, agent.pods, nets)
-        nets.on_network = sync.queue
-        nets.vteps_of = sync.vteps_of
-        nets.known_vnis = sync.user_vnis
-        if cc.egress_gateway and not gateway_node:
-            sync.on_idle = lambda: ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)
-        lease = NodeLease(
-            etcd, keys, cfg.node, cfg.underlay_ip, cfg.roles, agent.state, cc.login_lease_ttl
-        )
-        reconcile = Reconciler(
-            cfg,
-            cc,
-            etcd,
-            keys,
-            alloc,
-            dp,
-            agent.pods,
-            nets,
-            sync,
-            agent.sessions,
-            lambda: lease.id,
-        )
-        wiring = PodWiring(dp, fw, cc)
-        containers = Containers(
-            cfg.node,
-            cc,
-            agent.pods,
-            nets,
-            alloc,
-            dp,
-            wiring,
-            cfg.containers_outside_jobs,
-            frozenset({0, *cfg.host_uids}),
-            agent.quotas.get,
-        )
-        containers.collector.grace = cfg.container_grace
-        reconcile.adopt_container = containers.adopt
-        sync.own_job = reconcile.own_job
-        sync.on_job_lost = lambda job_id: reconcile.reclaim_soon(agent.job_down)
-        guard = RecordGuard(
-            etcd, keys, cfg.node, alloc, agent.pods, reconcile.local.load, lambda: lease.id
-        )
-        return cls(cc, alloc, dp, fw, wiring, nets, sync, lease, reconcile, containers, guard)

@@ -1,6 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Containers on their owner's private network (issue 10: the podnet CNI plugin, and the
-`podnet-container` helper for Apptainer without a setuid starter).
+"""Containers on their owner's private network (issue 10: the CNI plugin, podnet-container).
 
 A container is an extra pod of kind `container`: an interface in a network namespace
 that podnetd did not make for a job or a login, on the owner's bridge (the same VNI as
@@ -34,9 +33,9 @@ Quotas (state/quota.py): a user's containers on this node are counted here, unde
 user's lock; their containers and addresses in the cluster by the allocation's transaction.
 
 This module is the lifecycle and the rules; the layers below do the work, through the
-calls pods use: what the kernel says of a namespace is `kernel.nsfs`, the interface is
-`PodWiring` (`Dataplane.new_netns` + `wire_pod`, with the namespace `foreign`), the address
-and records are `Allocator.allocate_container` / `release_container`.
+calls pods use: a namespace's facts `kernel.nsfs`, the interface `PodWiring`
+(`Dataplane.new_netns` + `wire_pod`, namespace `foreign`), the address and records
+`Allocator.allocate_container` / `release_container`.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ from podnet.kernel.nsscan import NsId
 from podnet.names import CONTAINER_NS_PREFIX as PREFIX
 from podnet.names import container_netns as ns_name
 from podnet.names import is_container_netns as is_container_ns
-from podnet.node.collect import Collector
+from podnet.node.collect import GRACE, Collector
 from podnet.node.pods import Pod, PodTable, PodWiring
 from podnet.node.usernets import UserNetworks
 from podnet.state import quota
@@ -177,6 +176,7 @@ class Containers:
         outside_jobs: bool,
         unlimited: frozenset[int] = frozenset({0}),
         limits: Callable[[], quota.Limits] | None = None,
+        grace: float = GRACE,
     ) -> None:
         self.node = node
         self.cc = cc
@@ -187,10 +187,10 @@ class Containers:
         self.wiring = wiring
         #: containers also without a job of their owner here (agent_containers_outside_jobs)
         self.outside_jobs = outside_jobs
-        #: uids no quota applies to (root, host_users), and the quotas now
+        #: uids no quota applies to (root, host_users), the quotas now, the collector
         self.unlimited = unlimited
         self.limits = limits or (lambda: quota.Limits.of(cc))
-        self.collector = Collector()
+        self.collector = Collector(grace=grace)
         self._gc_lock = threading.Lock()
 
     # -- add ---------------------------------------------------------------------------

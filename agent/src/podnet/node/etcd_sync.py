@@ -23,9 +23,9 @@ revision for all of it).
 It also undoes what another writer changed in records etcd lets every node write
 (docs/security.md "etcd authentication"): a user's VNI (`users/`, `vnis/`: created once,
 never changed nor deleted by podnet) is put back as this node first saw it, and the record
-of a job with a pod on this node as this node keeps it (`own_job`); a deleted one is
-written back by the reconciler (`on_job_lost`). The write back is guarded by the revision
-the change had, so of all the nodes that saw it one writes.
+of a job with a pod on this node as this node keeps it (`own_job`, the reconciler's); a
+deleted one is written back by the reconciler (`on_job_lost`). The write back is guarded by
+the revision the change had, so of all the nodes that saw it one writes.
 """
 
 from __future__ import annotations
@@ -39,10 +39,9 @@ from typing import Any
 
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.firewall import Firewall
-from podnet.kernel.nl import mac_for_ip
 from podnet.names import Keys, block_from_key
 from podnet.node.pods import PodTable
-from podnet.node.usernets import UserNetworks
+from podnet.node.view import ClusterView, SyncQueue
 from podnet.state.alloc import Allocator, Job
 from podnet.state.store import (
     KV,
@@ -72,8 +71,16 @@ class EtcdSync:
         dp: Dataplane,
         fw: Firewall,
         pods: PodTable,
-        nets: UserNetworks,
+        view: ClusterView,
+        work: SyncQueue,
+        own_job: Callable[[int], Job | None] = lambda job_id: None,
+        on_job_lost: Callable[[int], None] = lambda job_id: None,
+        on_idle: Callable[[], None] | None = None,
     ) -> None:
+        """`own_job`: this node's copy of a job's record, if it has a pod of it
+        (reconcile.local); `on_job_lost`: a job with a pod here lost its record (the
+        reconciler writes it back); `on_idle`: called on quiet passes (every 5 s without
+        events): the egress route check."""
         self.etcd = etcd
         self.keys = keys
         self.node = node
@@ -81,28 +88,19 @@ class EtcdSync:
         self.dp = dp
         self.fw = fw
         self.pods = pods
-        self.nets = nets
-        self.node_ips: dict[str, str] = {}
-        # where the pods of each VNI are (vni -> ip -> node), from the pod records
-        self.pods_at: dict[int, dict[str, str]] = {}
-        self._ip_vni: dict[str, int] = {}
+        self.view = view
+        self.work = work
+        self.own_job = own_job
+        self.on_job_lost = on_job_lost
+        self.on_idle = on_idle
         #: the addresses each login or container record holds (key -> ips)
         self._held: dict[str, list[str]] = {}
-        #: users' VNIs (users/<user>)
-        self.user_vnis: dict[str, int] = {}
-        self._pending: set[str | int] = set()
+        #: the lock of the two tables below and of `_held`
         self._mutex = threading.Lock()
-        self._wake = threading.Event()
-        #: called on quiet passes (every 5 s without events): the egress route check
-        self.on_idle: Callable[[], None] | None = None
         #: users' and VNIs' records as this node first saw them (key -> value)
         self._first_seen: dict[str, str] = {}
         #: records to write back (key -> (value, the revision of the change))
         self._restores: dict[str, tuple[str, int]] = {}
-        #: this node's copy of a job's record (reconcile.local), if it has a pod of it
-        self.own_job: Callable[[int], Job | None] = lambda job_id: None
-        #: a job with a pod here lost its record (the reconciler writes it back)
-        self.on_job_lost: Callable[[int], None] = lambda job_id: None
 
     # -- events ----------------------------------------------------------------------
     def on_event(self, kind: str, key: str, kv: KV | None) -> None:
@@ -161,7 +159,7 @@ class EtcdSync:
         ip = d.get("ip")
         vni = d.get("vni")
         if not isinstance(vni, int):  # login records name the user, not the VNI
-            vni = self.user_vnis.get(name if what == "logins" else str(d.get("user")))
+            vni = self.view.user_vni(name if what == "logins" else str(d.get("user")))
         if isinstance(ip, str) and isinstance(vni, int):
             self._hold(key, [ip], vni, [node])
 
@@ -180,9 +178,9 @@ class EtcdSync:
             self.alloc.ipam.mark(ips)
         changed: set[int] = set()
         for ip in gone:
-            changed |= self._locate(ip, None)
+            changed |= self.view.locate(ip, None)
         for ip, node in zip(ips, nodes, strict=False):
-            changed |= self._locate(ip, (vni, node))
+            changed |= self.view.locate(ip, (vni, node))
         for v in changed:
             self.queue(v)
 
@@ -191,11 +189,11 @@ class EtcdSync:
         if self._changed_once_created(key, kv):
             return
         vni = _json(kv).get("vni") if kv is not None else None
-        with self._mutex:
+        with self.view.mutex:
             if isinstance(vni, int):
-                self.user_vnis[user] = vni
+                self.view.user_vnis[user] = vni
             else:
-                self.user_vnis.pop(user, None)
+                self.view.user_vnis.pop(user, None)
 
     def _changed_once_created(self, key: str, kv: KV | None) -> bool:
         """A user's or a VNI's record is created once and never changed nor deleted by
@@ -240,51 +238,11 @@ class EtcdSync:
 
     def queue(self, what: str | int) -> None:
         """'nodes', 'routes', 'fdb' (every user) or a VNI (that user's FDB)."""
-        with self._mutex:
-            self._pending.add(what)
-        self._wake.set()
-
-    def _locate(self, ip: str, where: tuple[int, str] | None) -> set[int]:
-        """Record that `ip` is a pod of VNI `where[0]` on node `where[1]` (None: no pod);
-        returns the VNIs whose remote pods changed."""
-        changed: set[int] = set()
-        with self._mutex:
-            old = self._ip_vni.pop(ip, None)
-            if old is not None:
-                node = self.pods_at.get(old, {}).pop(ip, None)
-                if node != self.node:
-                    changed.add(old)
-            if where is not None:
-                vni, node = where
-                self._ip_vni[ip] = vni
-                self.pods_at.setdefault(vni, {})[ip] = node
-                if node != self.node:
-                    changed.add(vni)
-        return changed
-
-    def remote_macs(self, vni: int) -> dict[str, str]:
-        """MAC -> underlay address of the pods of `vni` on other (live) nodes."""
-        with self._mutex:
-            pods = dict(self.pods_at.get(vni, {}))
-        return {
-            mac_for_ip(ip): self.node_ips[node]
-            for ip, node in pods.items()
-            if node != self.node and node in self.node_ips
-        }
-
-    def vteps_of(self, vni: int) -> list[str]:
-        """Underlay addresses of the nodes with a pod of this VNI, this one included (a
-        node's registered address: `nodes/<node>`)."""
-        with self._mutex:
-            nodes = set(self.pods_at.get(vni, {}).values())
-        ips = {self.node_ips[n] for n in nodes if n in self.node_ips}
-        if self.node in self.node_ips:
-            ips.add(self.node_ips[self.node])
-        return sorted(ips)
+        self.work.put(what)
 
     def user_fdb(self, vni: int) -> None:
         """The user's FDB as etcd says (after their network was made here)."""
-        self.dp.set_vteps(vni, self.vteps_of(vni), self.remote_macs(vni))
+        self.dp.set_vteps(vni, self.view.vteps_of(vni), self.view.remote_macs(vni))
 
     def resync(self) -> int:
         """Everything the watchers follow, read again in one transaction (one revision):
@@ -297,12 +255,13 @@ class EtcdSync:
             known = list(self._first_seen)
         for key in sorted(set(known) | set(present)):
             self._changed_once_created(key, present.get(key))
-        with self._mutex:
-            self.pods_at.clear()
-            self._ip_vni.clear()
+        view = self.view
+        with self._mutex, view.mutex:
+            view.pods_at.clear()
+            view.ip_vni.clear()
             self._held.clear()
-            self.user_vnis.clear()  # shared with UserNetworks.known_vnis
-            self.user_vnis.update(
+            view.user_vnis.clear()
+            view.user_vnis.update(
                 (kv.key.rsplit("/", 1)[-1], v)
                 for kv in by["users"]
                 if isinstance(v := _json(kv).get("vni"), int)
@@ -350,9 +309,7 @@ class EtcdSync:
 
     # -- the loop ----------------------------------------------------------------------
     def take(self) -> set[str | int]:
-        with self._mutex:
-            todo, self._pending = self._pending, set()
-        return todo
+        return self.work.take()
 
     def apply(self, todo: set[str | int]) -> None:
         if "restore" in todo:
@@ -368,7 +325,7 @@ class EtcdSync:
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
-            if not self._wake.wait(5):
+            if not self.work.wait(5):
                 # quiet: the kernel drops routes through a link that went down (a flap,
                 # a gateway's failover test): put back what etcd says, if anything is gone
                 try:
@@ -381,7 +338,7 @@ class EtcdSync:
                     log.exception("route check failed")
                 continue
             time.sleep(DEBOUNCE)
-            self._wake.clear()
+            self.work.clear_wake()
             try:
                 self.apply(self.take())
             except Exception:  # keep syncing; the next pass redoes everything
@@ -393,10 +350,10 @@ class EtcdSync:
     # -- what a pass does ----------------------------------------------------------------
     def _set_nodes(self, kvs: list[KV]) -> bool:
         ips = {kv.key.rsplit("/", 1)[-1]: str(_json(kv).get("ip")) for kv in kvs}
-        with self._mutex:
-            if ips == self.node_ips:
+        with self.view.mutex:
+            if ips == self.view.node_ips:
                 return False
-            self.node_ips = ips
+            self.view.node_ips = ips
         return True
 
     def refresh_nodes(self) -> bool:
@@ -407,13 +364,14 @@ class EtcdSync:
         return True
 
     def resync_firewall(self) -> None:
-        self.fw.resync(sorted(set(self.node_ips.values())), self.pods.fw_ports())
+        self.fw.resync(self.view.node_addresses(), self.pods.fw_ports())
 
     def sync_routes(self) -> None:
         ipam = self.alloc.ipam
         with ipam.lock:
             blocks = dict(ipam.blocks)
-        routes = {str(b): self.node_ips[n] for b, n in blocks.items() if n in self.node_ips}
+        node_ips = self.view.node_ips
+        routes = {str(b): node_ips[n] for b, n in blocks.items() if n in node_ips}
         local = {str(b) for b, n in blocks.items() if n == self.node}
         self.dp.set_block_routes(routes, local)
 

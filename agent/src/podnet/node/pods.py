@@ -191,6 +191,13 @@ class PodWiring:
         self.dp.write_resolv(name, full, servers)
         return full, servers
 
+    def drop_resolv(self, name: str, error: BaseException | None) -> None:
+        """The resolv.conf `prepare_resolv` wrote for pod `name` whose namespace was not
+        made (`error`): gone, unless the pod's file exists already (someone else's pod of
+        that name keeps it)."""
+        if not isinstance(error, FileExistsError):
+            self.dp.remove_resolv(name)
+
     def new_container_netns(self, name: str, bridge: int, ifname: str, fd: int) -> NewNetns:
         """A container's: the runtime's namespace `fd` (-1: a new one), interface `ifname`."""
         return self.dp.new_netns(name, bridge, self.cc.pod_mtu, ifname, True, fd)

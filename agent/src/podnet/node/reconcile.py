@@ -29,13 +29,14 @@ from pathlib import Path
 from podnet.config import ClusterConfig, NodeConfig
 from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane
+from podnet.kernel.firewall import Firewall
 from podnet.names import Keys, job_netns
 from podnet.names import is_container_netns as is_container_ns
-from podnet.node.etcd_sync import EtcdSync
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
+from podnet.node.view import ClusterView
 from podnet.state import quota
 from podnet.state.alloc import Allocator, AllocError, Job
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
@@ -57,25 +58,28 @@ class Reconciler:
         keys: Keys,
         alloc: Allocator,
         dp: Dataplane,
+        fw: Firewall,
         pods: PodTable,
         nets: UserNetworks,
-        sync: EtcdSync,
+        view: ClusterView,
         sessions: LoginSessions,
         lease_id: Callable[[], int],
+        adopt_container: Callable[[str], Pod | None] | None = None,
     ) -> None:
+        """`adopt_container`: containers.Containers.adopt (None: containers are removed)."""
         self.cfg = cfg
         self.cc = cc
         self.etcd = etcd
         self.keys = keys
         self.alloc = alloc
         self.dp = dp
+        self.fw = fw
         self.pods = pods
         self.nets = nets
-        self.sync = sync
+        self.view = view
         self.sessions = sessions
         self.lease_id = lease_id
-        #: containers.Containers.adopt (set by the agent; None: containers are removed)
-        self.adopt_container: Callable[[str], Pod | None] | None = None
+        self.adopt_container = adopt_container
         #: this node's copy of the job record of each of its job pods
         self.local = LocalJobs(Path(cfg.state_dir))
         #: job pods kept whose records etcd lost, not yet written back (netns -> record)
@@ -115,7 +119,7 @@ class Reconciler:
             log.info("reconcile: removed %d addresses from podnet links", removed)
         self.dp.set_pod_routes({p.ip: p.vni for p in pods})
         self.nets.register_vteps(vnis)
-        self.sync.resync_firewall()
+        self.fw.resync(self.view.node_addresses(), self.pods.fw_ports())
 
     def adopt(self, name: str) -> Pod | None:
         veth = "" if is_container_ns(name) else self.dp.pod_veth(name) or ""

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-user networks on this node: the user's VNI, bridge and VXLAN device, from the user's
 first pod here until `user_net_linger` seconds after their last one. Which nodes are the
-VTEPs of a user's network comes from the pod records (`etcd_sync.EtcdSync.vteps_of`):
+VTEPs of a user's network comes from the pod records (`view.ClusterView.vteps_of`):
 nothing is registered for it. For podnetd of earlier versions during a rolling upgrade,
 which still read `vteps/<vni>/<node>`, this node writes its own there too, in the
 background, until etcd refuses it (authentication on: nodes may not write there).
@@ -17,12 +17,13 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
 from podnet.node.pods import PodTable
+from podnet.node.view import ClusterView, SyncQueue
 from podnet.state.alloc import Allocator
 from podnet.state.store import Etcd, EtcdPermissionDenied, EtcdRequestError, EtcdUnavailable
 
@@ -40,7 +41,12 @@ class UserNetworks:
         node: str,
         underlay_ip: str,
         linger: float,
+        view: ClusterView,
+        work: SyncQueue,
     ) -> None:
+        """`view`: the VTEPs of a VNI and users' VNIs, as the watches say; `work`: the sync
+        loop's queue (a network made here: its VNI, so the loop adds the unicast FDB
+        entries of the user's pods on other nodes)."""
         self.etcd = etcd
         self.keys = keys
         self.alloc = alloc
@@ -54,13 +60,8 @@ class UserNetworks:
         self._registered: set[int] = set()  # VNIs with a legacy VTEP key of this node
         self._idle: dict[int, tuple[float, int]] = {}  # vni -> (last pod gone, uid)
         self._mutex = threading.Lock()  # the four tables above
-        #: called with the VNI when its network was made here (the sync loop then adds
-        #: the unicast FDB entries of the user's pods on other nodes)
-        self.on_network: Callable[[int], None] = lambda vni: None
-        #: the VTEPs of a VNI (EtcdSync.vteps_of: from the pod records it follows)
-        self.vteps_of: Callable[[int], list[str]] = lambda vni: [underlay_ip]
-        #: users' VNIs this node's watch knows (EtcdSync.user_vnis)
-        self.known_vnis: dict[str, int] = {}
+        self.view = view
+        self.work = work
         #: legacy VTEP keys (`vteps/<vni>/<node>`) while etcd takes them
         self._legacy = True
         self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtep-legacy")
@@ -74,7 +75,7 @@ class UserNetworks:
         with self._mutex:
             vni = self._vnis.get(user)
         if vni is None:
-            vni = self.known_vnis.get(user)
+            vni = self.view.user_vni(user)
         if vni is None:
             vni = self.alloc.user_vni(user, uid)
             with self._mutex:
@@ -89,8 +90,8 @@ class UserNetworks:
             self._idle.pop(vni, None)
         bri = self.dp.user_bridge(vni)
         if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
-            bri = self.dp.ensure_user(vni, self.vteps_of(vni))
-            self.on_network(vni)
+            bri = self.dp.ensure_user(vni, self.view.vteps_of(vni))
+            self.work.put(vni)
         self.register_vteps([vni])
         return vni, bri
 

@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from podnet.config import NodeConfig
 from podnet.state.etcdpb import message
 
 log = logging.getLogger("podnet.store")
@@ -246,6 +247,18 @@ class Etcd:
         self.requests = 0  # unary calls sent (benchmarks count them)
         self._watches: Watches | None = None
         self._observe = observe
+
+    @classmethod
+    def of_node(
+        cls,
+        cfg: NodeConfig,
+        endpoints: list[str] | None = None,
+        observe: Callable[[float], None] | None = None,
+    ) -> Etcd:
+        """The client a node's configuration (podnet.yml) describes: its endpoints (or
+        `endpoints`), its client certificate and its timeout."""
+        eps = cfg.etcd_endpoints if endpoints is None else endpoints
+        return cls(eps, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout, observe)
 
     # -- transport ------------------------------------------------------------------
     def _credentials(self) -> grpc.ChannelCredentials:

@@ -1,25 +1,36 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
- * podnet_spank.h - inside the SPANK plugin podnet_spank.so: its one state,
- * struct pn_spank (the dispatch podnet_spank.c owns the only instance and
- * passes it to the other files), and what each file offers.
+ * podnet_spank_common.h - inside the SPANK plugin podnet_spank.so: its one
+ * state, struct pn_spank (the dispatch podnet_spank.c owns the only instance
+ * and passes it to the other files), and the helpers more than one context
+ * uses (podnet_spank_common.c). One header per context, as pyxis does; the
+ * includes go down this list only, never up nor between two contexts
+ * (tests/unit/c/test_spank_includes.py):
  *
- *   podnet_spank.c             dispatch: the slurm_spank_* entry points, per
- *                              context, and the option table
- *   podnet_spank_opts.c        plugstack.conf arguments, --podnet and
- *                              --podnet-image (all that srun, sbatch and
- *                              salloc do; slurmd and slurmstepd read them too)
- *   podnet_spank_podnetd.c     the requests to podnetd, retried until a
- *                              deadline: job_up, job_get, job_pidns, job_down
- *   podnet_spank_extern.c      slurmstepd of the extern step: the pod up at
+ *   podnet_spank.c             the dispatch: the slurm_spank_* entry points,
+ *                              per context, and the option table; includes
+ *                              the contexts' headers
+ * the contexts, each a .c and its header:
+ *   podnet_spank_extern.[ch]   slurmstepd of the extern step: the pod up at
  *                              the job's start, down at its end
- *   podnet_spank_step.c        slurmstepd of the batch, interactive and srun
+ *   podnet_spank_step.[ch]     slurmstepd of the batch, interactive and srun
  *                              steps: into the pod before any thread or task;
  *                              on the host network, in the cgroup
  *                              podnet-stepd until the tasks fork
- *   podnet_spank_task.c        the task callbacks: the tasks' PID namespace,
+ *   podnet_spank_task.[ch]     the task callbacks: the tasks' PID namespace,
  *                              the check that a task is in its pod, the image
- *   podnet_spank_job_script.c  the job prolog and epilog (slurmd)
+ *   podnet_spank_job_script.[ch]  the job prolog and epilog (slurmd)
+ * what they share:
+ *   podnet_spank_opts.[ch]     the configuration (plugstack.conf arguments)
+ *                              and the options, --podnet and --podnet-image:
+ *                              every context's start, and all that srun,
+ *                              sbatch and salloc do
+ *   podnet_spank_common.[ch]   this: the state; the requests to podnetd,
+ *                              retried until a deadline; the step's pending
+ *                              error; the --podnet=no marker the job prolog
+ *                              leaves for the extern step; slurmstepd's
+ *                              cgroup podnet-stepd (the step enters it, the
+ *                              task callbacks leave it)
  *   podnet_spank_env.[ch]      the environment: PODNET_POD_NAME,
  *                              PODNET_POD_IP, PODNET_JOB_DOMAIN for the
  *                              tasks; PODNET=, PODNET_IMAGE= for the options
@@ -28,8 +39,8 @@
  * Each slurmstepd, srun, sbatch, salloc and slurmd loads the plugin afresh:
  * the state is per process.
  */
-#ifndef PODNET_SPANK_H
-#define PODNET_SPANK_H
+#ifndef PODNET_SPANK_COMMON_H
+#define PODNET_SPANK_COMMON_H
 
 #include <limits.h>
 #include <stdint.h>
@@ -90,23 +101,7 @@ struct pn_spank {
 		.pidns_fd = -1, .host_pidns_fd = -1, .host_netns_fd = -1,   \
 	}
 
-/* the dispatch's option table: --podnet, --podnet-image */
-enum { PNS_OPT_PODNET, PNS_OPT_IMAGE, PNS_OPT_COUNT };
-
-/* ---- podnet_spank_opts.c ---- */
-/* reads the plugstack.conf arguments into cfg; -1 (logged) on a bad one */
-int pns_parse_args(struct pns_cfg *cfg, int ac, char **av);
-/* slurm_spank_init, every context: the arguments, then the options */
-int pns_init(struct pn_spank *st, spank_t sp, int ac, char **av,
-	     struct spank_option *opts);
-/* the options' callbacks: --podnet=yes|no, --podnet-image=IMAGE|none */
-int pns_opt_podnet(struct pn_spank *st, const char *optarg);
-int pns_opt_image(struct pn_spank *st, const char *optarg);
-/* slurm_spank_init_post_opt in srun, sbatch, salloc: the Slurm forms of the
- * options pns_init set from PODNET_* go again (the tasks keep PODNET_*) */
-void pns_local_post_opt(struct pn_spank *st);
-
-/* ---- podnet_spank_podnetd.c ---- */
+/* ---- the requests to podnetd ---- */
 long long pns_mono_ms(void);
 /* the deadline of a request started now: cfg's timeout from now */
 long long pns_deadline(const struct pns_cfg *cfg);
@@ -130,39 +125,31 @@ int pns_job_pidns(const struct pns_cfg *cfg, uint32_t job_id, pid_t pid,
 /* job_down (a missing pod is fine); failures logged */
 void pns_job_down(const struct pns_cfg *cfg, uint32_t job_id);
 
-/* ---- podnet_spank_extern.c (the extern step) ---- */
-void pns_extern_up(struct pn_spank *st, spank_t sp, uint32_t job_id);
-int pns_extern_exit(struct pn_spank *st, spank_t sp);
-
-/* ---- podnet_spank_step.c (every step's slurmstepd) ---- */
-int pns_step_post_opt(struct pn_spank *st, spank_t sp);
-void pns_step_exit(struct pn_spank *st);
+/* ---- the step's pending error, the pod's PID namespace ---- */
 /* st->pending_error: what the task reports (podnet_spank_task.c) */
 void pns_set_pending(struct pn_spank *st, const char *fmt, ...)
 	__attribute__((format(printf, 2, 3)));
 /* Is the calling process in the pod's PID namespace? */
 int pns_in_pod_pidns(const struct pn_spank *st);
+
+/* ---- the --podnet=no marker (root only, /run/podnet-spank) ---- */
+/* the job prolog's, for the extern step (which never sees user options) */
+void pns_optout_mark(uint32_t job_id);
+int pns_optout_marked(const struct pns_cfg *cfg, uint32_t job_id);
+void pns_optout_clear(uint32_t job_id);
+
+/* ---- slurmstepd's cgroup podnet-stepd ---- */
 /* the cgroup whose sockets podnetd's host-side filter lets reach pods (it
  * makes it, only root can join): slurmstepd of a step on the host network */
 #define PN_STEPD_CGROUP "podnet-stepd"
+/* slurmstepd (root) into it, from init_post_opt; without it (podnetd made
+ * none: no cgroup v2) the step runs as before */
+void pns_stepd_cgroup_enter(struct pn_spank *st, uint32_t job_id,
+			    uint32_t step_id);
 /* slurmstepd back from the cgroup podnet-stepd to its own, before the tasks
  * fork (user_init); -1 (logged): it could not, the step must start no task */
 int pns_stepd_cgroup_leave(struct pn_spank *st);
 /* Is the calling process in the cgroup podnet-stepd (or below it)? */
 int pns_in_stepd_cgroup(void);
 
-/* ---- podnet_spank_task.c ---- */
-int pns_task_init_privileged(struct pn_spank *st, spank_t sp);
-int pns_task_init(struct pn_spank *st, spank_t sp);
-int pns_user_init(struct pn_spank *st);
-int pns_task_post_fork(struct pn_spank *st);
-
-/* ---- podnet_spank_job_script.c ---- */
-int pns_job_prolog(struct pn_spank *st, spank_t sp, int ac, char **av,
-		   struct spank_option *podnet_opt);
-int pns_job_epilog(struct pn_spank *st, spank_t sp, int ac, char **av);
-/* the job prolog's --podnet=no marker, for the extern step */
-int pns_optout_marked(const struct pns_cfg *cfg, uint32_t job_id);
-void pns_optout_clear(uint32_t job_id);
-
-#endif /* PODNET_SPANK_H */
+#endif /* PODNET_SPANK_COMMON_H */
