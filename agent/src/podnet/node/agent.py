@@ -471,9 +471,9 @@ class Agent:
     def pool_blocks(self) -> tuple[int, int]:
         """(blocks of the pod network taken, blocks in it), cluster-wide as this node's watch
         of etcd sees them (metrics; (0, 0) until the cluster configuration is known)."""
-        if self._rooms is None:
+        if self._plane is None:
             return 0, 0
-        ipam = self._rooms.alloc.ipam
+        ipam = self._plane.alloc.ipam
         with ipam.lock:
             return len(ipam.blocks), ipam.n_blocks
 
