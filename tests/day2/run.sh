@@ -18,6 +18,8 @@ export LAB_NAME=${PODNET_DAY2_LAB:-pnd2ci}
 export LAB_SUBNET=${PODNET_DAY2_SUBNET:-198.51.100.176/28}
 export LAB_NODES="ctl login c1 c2 c3"
 export LAB_DYNAMIC_NODES=c3
+# no Prometheus on this lab (the molecule lab tests it): its runs are the playbooks' own
+export LAB_PROMETHEUS=0
 export PODNET_DAY2_LAB=$LAB_NAME
 LAB=$ROOT/tests/lab/lab.sh
 mkdir -p "$ROOT/tests/output"

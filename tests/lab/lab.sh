@@ -15,7 +15,8 @@
 #      LAB_DYNAMIC_NODES (""; compute nodes marked slurm_node_dynamic in the inventory:
 #      Slurm dynamic nodes that playbooks/scale.yml adds later, tests/day2),
 #      LAB_OS (trixie; bookworm: Debian 12 nodes with Slurm 22.05, their own image),
-#      LAB_SLURM (trixie; sid: Slurm 26.05 from sid on trixie nodes).
+#      LAB_SLURM (trixie; sid: Slurm 26.05 from sid on trixie nodes),
+#      LAB_PROMETHEUS (1: ctl in the prometheus group on trixie labs; 0: none, e.g. tests/day2).
 set -euo pipefail
 
 LAB_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -605,8 +606,10 @@ write_inventory() {
                 etcd) members=$LAB_ETCD_NODES ;;
                 dns | slurmctld) members=$first_ctl ;;
                 # the lab's Prometheus (hpc.podnet.prometheus); not on Debian 12 labs (the
-                # site install, tests/site-install, deploys what a site has: none)
-                prometheus) members=""; [ "$LAB_OS" = trixie ] && members=$first_ctl ;;
+                # site install, tests/site-install, deploys what a site has: none), nor where
+                # LAB_PROMETHEUS=0 (the day-2 lab: its tests are the playbooks')
+                prometheus) members=""
+                    [ "$LAB_OS" = trixie ] && [ "${LAB_PROMETHEUS:-1}" = 1 ] && members=$first_ctl ;;
                 gateway) members=""; [ "$LAB_GATEWAYS" = 1 ] && members=$GW_NODES ;;
                 login) members=$(nodes_like 'login*') ;;
                 compute) members=$(nodes_like 'c*' 'ctl*') ;;
