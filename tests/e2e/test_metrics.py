@@ -1,19 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 """The metrics endpoints on the lab (issue 37), scraped from ctl over the cluster network
 as the site's Prometheus would: podnetd on login counts alice's login pod and a refused
-request; on a lab with gateways, exactly one of gw1 and gw2 says it holds the external
-address and both export their table's state. The lab's Prometheus (ctl:9090) scrapes every
-component: podnetd on each node, etcd, CoreDNS, podnet-gatewayd on the gateways."""
+request, her container and a container refused over her quota; on a lab with gateways,
+exactly one of gw1 and gw2 says it holds the external address and both export their
+table's state. The lab's Prometheus (ctl:9090) scrapes every component: podnetd on each
+node, etcd, CoreDNS, podnet-gatewayd on the gateways."""
 
 from __future__ import annotations
 
 import base64
 import shlex
+import time
 from typing import Any
 
 import yaml
 from conftest import lab_inventory, prometheus_api, prometheus_url, save_evidence, ssh, wait_for
 from prometheus_client.parser import text_string_to_metric_families
+from test_quota import my_containers, quota
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -65,6 +68,35 @@ def test_podnetd_on_login_counts_a_login_pod_and_a_refused_request() -> None:
     assert got[("process_resident_memory_bytes", ())] > 10_000_000
     assert any(name == "podnet_build_info" for name, _labels in got)
     assert got[("podnet_etcd_request_seconds_count", ())] > 0
+
+
+def test_podnetd_on_login_counts_a_container_and_a_refusal_over_the_quota() -> None:
+    """alice's container on login shows in podnet_pods{kind="container"}, and a second one
+    over her quota (1 a node, for the block) in podnet_quota_refusals_total, as login's
+    podnetd exports them."""
+    refusals = (
+        "podnet_quota_refusals_total",
+        (("limit", "containers_per_node"), ("op", "container_add")),
+    )
+    containers = ("podnet_pods", (("kind", "container"),))
+    before = scrape("login", 9464)
+    tag = f"mc{int(time.time()) % 100000}"
+    pid = f"/tmp/{tag}.pid"
+    with quota(containers_per_node=1):
+        try:
+            ssh(
+                "alice@login",
+                f"setsid podnet-container --name {tag}-1 -- sleep 600 </dev/null >/dev/null 2>&1 "
+                f"& echo $! >{pid}",
+            )
+            wait_for(lambda: len(my_containers("alice")) == 1, 60)
+            assert scrape("login", 9464)[containers] == before[containers] + 1
+            r = ssh("alice@login", f"podnet-container --name {tag}-2 -- true", check=False)
+            assert r.returncode != 0 and "(EQUOTA)" in r.stderr, r.stdout + r.stderr
+            assert scrape("login", 9464)[refusals] == before.get(refusals, 0) + 1
+        finally:
+            ssh("alice@login", f"[ -f {pid} ] && kill $(cat {pid}); rm -f {pid}", check=False)
+    wait_for(lambda: not my_containers("alice"), 30)
 
 
 def test_exactly_one_gateway_holds_the_external_address() -> None:
