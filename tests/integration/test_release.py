@@ -115,11 +115,13 @@ def test_the_bundle_holds_what_the_roles_install_and_nothing_else(dist: Path) ->
     }
     # Apptainer for Debian 12 and the Debian packages of air-gapped nodes: built on demand
     # (agent/artifacts/build-apptainer-deb.sh, build-debian-packages.sh: by make release and the
-    # site lane, not by make artifacts), in the bundle exactly when they were built
+    # site lane, not by make artifacts); Prometheus's tarball (fetch-prometheus.sh, make
+    # artifacts): each in the bundle exactly when it was built (agent/artifacts/bundle.sh)
     for name in (
         role_default("apptainer", "apptainer_bookworm_artifact_name"),
         "podnet-debs-bookworm.tar",
         "podnet-debs-trixie.tar",
+        role_default("prometheus", "prometheus_artifact_name"),
     ):
         if (CACHE / f"{name}.sha256").is_file():
             single.add(name)
