@@ -31,10 +31,10 @@ LAB_INV     := $(ROOT)/inventories/lab
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
   python3-venv nftables bind9-dnsutils zstd containernetworking-plugins iproute2 \
   openssh-client libslurm-dev libpam0g-dev gcc make rsync iputils-ping util-linux shellcheck \
-  clang libclang-rt-14-dev
+  clang libclang-rt-14-dev go-md2man
 
 .PHONY: help collection-link collection-tarball release deps host-deps venv venv-build lab lab-up lab-down lab-status lab-deploy \
-  lint unit role-docs fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-hpk bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
+  lint unit role-docs man fuzz integration test-roles test-etcd-ha test-lab-harness test test-agent test-molecule test-day2 test-e2e bench-agent bench-scale bench-e2e bench-hpk bench-cni bench-collect bench-gateway bench-dns artifacts changelog clean \
   check check-tests suite-quick suite-roles suite-labs suite-checks-day2 suite-molecule suite-day2 \
   test-site-install suite-site-install
 
@@ -161,6 +161,11 @@ changelog: deps
 # The variables table of docs/roles/<role>.md from each role's meta/argument_specs.yml.
 role-docs: deps
 	$(PY) $(ROOT)/tests/unit/roles/role_docs.py
+
+# The man pages (podnet(1), podnetd(8), podnet-container(1)) from docs/man/*.md, into the
+# roles that install them; make lint checks they are current.
+man: host-deps
+	$(ROOT)/tests/man.sh
 
 # The C side's fuzz targets (agent/native: the reply parser, the escaper and request
 # builder), libFuzzer under ASan/UBSan, FUZZ_SECONDS each; `make unit` runs 20000 inputs of each.

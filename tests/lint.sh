@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # All static checks (make lint): yamllint, antsibull-changelog (fragments), ansible-lint (production), ruff, mypy, import-linter,
 # antsibull-docs' docs linter, ansible-test sanity on what the collection ships (empty
-# ignore files), shellcheck, promtool (the alert rules the collection ships and their tests).
+# ignore files), the man pages, shellcheck, promtool (the alert rules the collection ships and their tests).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
@@ -40,6 +40,9 @@ promtool=${PODNET_PROMTOOL:-${PODNET_CACHE_DIR:-/var/cache/podnet-dev}/artifacts
 [ -x "$promtool" ] || { echo "lint: $promtool missing (make artifacts fetches Debian's promtool)" >&2; exit 1; }
 "$promtool" check rules files/prometheus/*.rules.yml
 (cd tests/prometheus && "$promtool" test rules ./*.test.yml)
+
+step "man pages (roles/*/files/man are docs/man/*.md rendered)"
+"$ROOT/tests/man.sh" --check
 
 step "shellcheck"
 mapfile -t scripts < <(git ls-files '*.sh' .ci/run)

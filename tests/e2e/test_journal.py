@@ -59,3 +59,18 @@ def test_podnetds_errors_are_errors_in_the_journal_and_its_info_is_not() -> None
     wait_for(lambda: "listening on" in journal(since, "info"), 30, 1.0)
     errors = journal(since, "err")
     assert "listening on" not in errors and "configuration error" in errors, errors
+
+
+def test_podnetds_unit_points_at_man_pages_that_are_installed() -> None:
+    """`Documentation=` names podnetd(8) and podnet(1) (issue 37 item 5), and the roles
+    installed them, with podnet-container(1), where man(1) finds them."""
+    doc = ssh(NODE, "systemctl show -p Documentation --value podnetd").stdout.split()
+    assert doc == ["man:podnetd(8)", "man:podnet(1)"], doc
+    for node, pages in (
+        (NODE, ("man8/podnetd.8", "man1/podnet.1")),
+        ("login", ("man8/podnetd.8", "man1/podnet.1", "man1/podnet-container.1")),
+    ):
+        for page in pages:
+            head = ssh(node, f"head -c 4096 /usr/local/share/man/{page}").stdout
+            name = page.split("/")[1].rsplit(".", 1)
+            assert f".TH {name[0].upper()} {name[1]} " in head, (node, page, head[:200])

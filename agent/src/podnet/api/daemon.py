@@ -56,14 +56,19 @@ def raise_fd_limit(sockets: int) -> None:
             resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """podnetd's options (docs/man/podnetd.8.md describes each)."""
     ap = argparse.ArgumentParser(prog="podnetd", description="podnet node agent")
     ap.add_argument("-c", "--config", default=DEFAULT_CONFIG, help="node configuration file")
     ap.add_argument(
         "--check-config", action="store_true", help="validate the configuration file and exit"
     )
     ap.add_argument("--version", action="version", version=f"podnetd {__version__}")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         cfg = NodeConfig.load(args.config)
     except ConfigError as e:
