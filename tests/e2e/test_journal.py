@@ -64,7 +64,9 @@ def test_podnetds_errors_are_errors_in_the_journal_and_its_info_is_not() -> None
 def test_podnetds_unit_points_at_man_pages_that_are_installed() -> None:
     """`Documentation=` names podnetd(8) and podnet(1) (issue 37 item 5), and the roles
     installed them, with podnet-container(1), where man(1) finds them."""
-    doc = ssh(NODE, "systemctl show -p Documentation --value podnetd").stdout.split()
+    doc = (
+        ssh(NODE, "systemctl show -p Documentation --value podnetd").stdout.replace('"', "").split()
+    )
     assert doc == ["man:podnetd(8)", "man:podnet(1)"], doc
     for node, pages in (
         (NODE, ("man8/podnetd.8", "man1/podnet.1")),
