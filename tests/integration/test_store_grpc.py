@@ -15,14 +15,8 @@ import time
 
 import pytest
 from conftest import ETCDCTL, EtcdCluster
-from podnet.state.store import (
-    KV,
-    Etcd,
-    EtcdPermissionDenied,
-    cmp_absent,
-    op_get,
-    op_put,
-)
+from podnet.state.etcdops import KV, cmp_absent, op_get, op_put
+from podnet.state.store import Etcd, EtcdPermissionDenied
 
 
 def client(c: EtcdCluster, cert: str = "admin", names: list[str] | None = None) -> Etcd:
