@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podnet.errors import PodnetError
-from podnet.kernel import netns, nl
+from podnet.kernel import netns, nl, nlquery, nlreq
 from podnet.kernel.pidns import PidNamespaces
 from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
 
@@ -138,7 +138,7 @@ class Dataplane:
         self._spare_thread: threading.Thread | None = None
         self._closed = False
         netns.make_shared_dir(self.netns_dir)
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         if underlay_interface not in links:
             raise DataplaneError(f"underlay interface {underlay_interface} not found")
         self.underlay_index = int(links[underlay_interface]["index"])
@@ -159,19 +159,19 @@ class Dataplane:
         """
         br, vx = bridge_name(vni), vxlan_name(vni)
         with self.lock:
-            links = nl.links(self.nl())
+            links = nlquery.links(self.nl())
             if br not in links:
                 self.nl().batch(
-                    [nl.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50), *nl.host_link_up(br)]
+                    [nlreq.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50), *nlreq.host_link_up(br)]
                 )
-                links = nl.links(self.nl())
+                links = nlquery.links(self.nl())
             else:  # no address: reconcile removed an older podnetd's (scrub_host_links)
-                self.nl().batch(nl.host_link_up(br))
+                self.nl().batch(nlreq.host_link_up(br))
             bri = int(links[br]["index"])
             if vx not in links:
                 self.nl().batch(
                     [
-                        nl.vxlan(
+                        nlreq.vxlan(
                             vx,
                             vni,
                             self.underlay_ip,
@@ -180,10 +180,10 @@ class Dataplane:
                             self.underlay_mtu - 50,
                             bri,
                         ),
-                        *nl.host_link_up(vx),
+                        *nlreq.host_link_up(vx),
                     ]
                 )
-                links = nl.links(self.nl())
+                links = nlquery.links(self.nl())
             self._set_fdb(int(links[vx]["index"]), vteps)
             self.bridges[vni] = bri
         return bri
@@ -197,7 +197,7 @@ class Dataplane:
         pod MAC -> its node's underlay address: unicast to that node alone); False if the
         user has no VXLAN here."""
         with self.lock:
-            links = nl.links(self.nl())
+            links = nlquery.links(self.nl())
             vx = links.get(vxlan_name(vni))
             if not vx:
                 return False
@@ -206,16 +206,18 @@ class Dataplane:
 
     def _set_fdb(self, index: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
         want = {v for v in vteps if v != self.underlay_ip}
-        have, unicast = nl.fdb_entries(self.nl(), index)
-        reqs = [nl.fdb_flood(index, v) for v in sorted(want - have)]
-        reqs += [nl.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
+        have, unicast = nlquery.fdb_entries(self.nl(), index)
+        reqs = [nlreq.fdb_flood(index, v) for v in sorted(want - have)]
+        reqs += [nlreq.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
         if macs is not None:
             macs = {m: d for m, d in macs.items() if d != self.underlay_ip}
             reqs += [
-                nl.fdb_unicast(index, m, d) for m, d in sorted(macs.items()) if unicast.get(m) != d
+                nlreq.fdb_unicast(index, m, d)
+                for m, d in sorted(macs.items())
+                if unicast.get(m) != d
             ]
             reqs += [
-                nl.fdb_unicast(index, m, d, delete=True)
+                nlreq.fdb_unicast(index, m, d, delete=True)
                 for m, d in sorted(unicast.items())
                 if m not in macs
             ]
@@ -225,9 +227,9 @@ class Dataplane:
     def remove_user(self, vni: int) -> None:
         with self.lock:
             self.bridges.pop(vni, None)
-            links = nl.links(self.nl())
+            links = nlquery.links(self.nl())
             reqs = [
-                nl.del_link(int(links[n]["index"]), n)
+                nlreq.del_link(int(links[n]["index"]), n)
                 for n in (vxlan_name(vni), bridge_name(vni))
                 if n in links
             ]
@@ -238,26 +240,26 @@ class Dataplane:
         """Remove every address from podnet's host-side links and turn their IPv6 address
         generation off (links made by an older podnetd carried the gateway address and an
         fe80:: address); returns the number of addresses removed."""
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         ours = {
             int(v["index"]): k
             for k, v in links.items()
             if is_veth_name(k) or k.startswith(("pnbr", "pnvx"))
         }
         reqs = [
-            nl.del_addr(i, fam, ip, plen)
-            for i, fam, ip, plen in nl.addresses(self.nl())
+            nlreq.del_addr(i, fam, ip, plen)
+            for i, fam, ip, plen in nlquery.addresses(self.nl())
             if i in ours
         ]
         n = len(reqs)
-        reqs += [nl.no_ipv6_ll(i) for i in sorted(ours)]
+        reqs += [nlreq.no_ipv6_ll(i) for i in sorted(ours)]
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)
         return n
 
     def user_ports(self) -> dict[int, int]:
         """vni -> number of pod ports in that user's bridge."""
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         by_index = {int(v["index"]): k for k, v in links.items()}
         out: dict[int, int] = {}
         for name in links:
@@ -309,13 +311,13 @@ class Dataplane:
             try:
                 self.nl().batch(
                     [
-                        nl.veth(veth, ifname, fd, mtu, bridge_index, PLACEHOLDER_MAC),
-                        *nl.host_link_up(veth),
+                        nlreq.veth(veth, ifname, fd, mtu, bridge_index, PLACEHOLDER_MAC),
+                        *nlreq.host_link_up(veth),
                     ]
                 )
             finally:
                 os.close(fd)
-            eth0, lo = nl.ifindex(pod_nl, ifname), nl.ifindex(pod_nl, "lo")
+            eth0, lo = nlquery.ifindex(pod_nl, ifname), nlquery.ifindex(pod_nl, "lo")
             return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
@@ -331,7 +333,7 @@ class Dataplane:
         try:
             if self.pidns is not None and not foreign:
                 self.pidns.create(name)
-            self.nl().batch([nl.enslave_up(spare.host_index, bridge_index)])
+            self.nl().batch([nlreq.enslave_up(spare.host_index, bridge_index)])
             return NewNetns(name, pod_nl, spare.veth, spare.eth0, spare.lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
@@ -412,12 +414,12 @@ class Dataplane:
         try:
             self.nl().batch(
                 [
-                    nl.veth(veth, SPARE_IFNAME, fd, mtu, 0, PLACEHOLDER_MAC),
-                    nl.host_link_off_ipv6(veth),
+                    nlreq.veth(veth, SPARE_IFNAME, fd, mtu, 0, PLACEHOLDER_MAC),
+                    nlreq.host_link_off_ipv6(veth),
                 ]
             )
-            host_index = nl.ifindex(self.nl(), veth)
-            eth0, lo = nl.ifindex(sock, SPARE_IFNAME), nl.ifindex(sock, "lo")
+            host_index = nlquery.ifindex(self.nl(), veth)
+            eth0, lo = nlquery.ifindex(sock, SPARE_IFNAME), nlquery.ifindex(sock, "lo")
         except BaseException:
             sock.close()
             os.close(fd)  # the veth goes with the namespace
@@ -442,16 +444,16 @@ class Dataplane:
         try:
             ns.nl.batch(
                 [
-                    nl.link_up(ns.lo),
-                    nl.addr(ns.eth0, spec.ip, spec.prefix),
-                    nl.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
-                    nl.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
-                    nl.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
-                    nl.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
+                    nlreq.link_up(ns.lo),
+                    nlreq.addr(ns.eth0, spec.ip, spec.prefix),
+                    nlreq.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
+                    nlreq.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
+                    nlreq.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
+                    nlreq.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
                 ]
             )
             self.nl().batch(
-                [nl.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
+                [nlreq.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
             )
             if ns.resolv != (search, dns_servers):
                 self.write_resolv(spec.name, search, dns_servers)
@@ -491,13 +493,13 @@ class Dataplane:
         pod has none of podnet's (a container)."""
         if veth:
             with contextlib.suppress(nl.NetlinkError):
-                self.nl().batch([nl.del_link_named(veth)])
+                self.nl().batch([nlreq.del_link_named(veth)])
         existed = netns.remove(self.netns_path(name))
         if self.pidns is not None and pid_namespace:
             self.pidns.remove(name)
         if ip:
             try:
-                self.nl().batch([nl.route(ip, 32, delete=True)])
+                self.nl().batch([nlreq.route(ip, 32, delete=True)])
             except nl.NetlinkError as e:
                 if e.errno not in (errno.ESRCH, errno.ENOENT):
                     raise
@@ -541,13 +543,13 @@ class Dataplane:
         except OSError:
             return None
         try:
-            eth0 = nl.links(pod_nl).get(ifname)
+            eth0 = nlquery.links(pod_nl).get(ifname)
         finally:
             pod_nl.close()
         if not eth0:
             return None
         peer = eth0.get("link")
-        for lname, info in nl.links(self.nl()).items():
+        for lname, info in nlquery.links(self.nl()).items():
             if is_veth_name(lname) and peer and int(info["index"]) == int(peer):
                 return lname
         return None
@@ -556,7 +558,7 @@ class Dataplane:
         """How a pod's interface differs from what `new_netns` + `wire_pod` made (empty:
         nothing): its host end and bridge, its interface and address inside."""
         problems = []
-        host = nl.links(self.nl()).get(veth)
+        host = nlquery.links(self.nl()).get(veth)
         bridge = self.user_bridge(vni)
         if host is None:
             problems.append(f"host end {veth} is missing")
@@ -568,10 +570,10 @@ class Dataplane:
             problems.append(f"the container's network namespace is gone ({e.strerror})")
             return problems
         try:
-            if ifname not in nl.links(inner):
+            if ifname not in nlquery.links(inner):
                 problems.append(f"interface {ifname} is missing in the container")
             else:
-                have = nl.first_ipv4(inner, ifname)
+                have = nlquery.first_ipv4(inner, ifname)
                 if have != ip:
                     problems.append(f"{ifname} has address {have}, not {ip}")
         finally:
@@ -581,8 +583,8 @@ class Dataplane:
     def remove_pod_routes_except(self, keep: set[str]) -> None:
         """Delete our /32 pod routes whose pod is not in `keep` (reconcile)."""
         reqs = [
-            nl.route(d, 32, delete=True)
-            for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
+            nlreq.route(d, 32, delete=True)
+            for d, plen, _o, gw, _t in nlquery.podnet_routes(self.nl())
             if plen == 32 and not gw and d not in keep
         ]
         for chunk in nl.chunks(reqs, 256):
@@ -590,9 +592,9 @@ class Dataplane:
 
     def set_pod_routes(self, pods: dict[str, int]) -> None:
         """(Re)install the /32 route of each local pod (ip -> vni) on its user's bridge."""
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         reqs = [
-            nl.route(
+            nlreq.route(
                 ip,
                 32,
                 oif=int(links[bridge_name(vni)]["index"]),
@@ -610,7 +612,7 @@ class Dataplane:
         """Routes `block -> node underlay IP` for other nodes' blocks (exactly these)."""
         have = {
             (f"{d}/{plen}"): gw
-            for d, plen, _oif, gw, _t in nl.podnet_routes(self.nl())
+            for d, plen, _oif, gw, _t in nlquery.podnet_routes(self.nl())
             if plen < 32 and gw
         }
         want = {
@@ -621,7 +623,7 @@ class Dataplane:
             if have.get(b) != gw:
                 net = ipaddress.IPv4Network(b)
                 reqs.append(
-                    nl.route(
+                    nlreq.route(
                         str(net.network_address),
                         net.prefixlen,
                         gateway=gw,
@@ -632,7 +634,7 @@ class Dataplane:
         for b in have:
             if b not in want:
                 net = ipaddress.IPv4Network(b)
-                reqs.append(nl.route(str(net.network_address), net.prefixlen, delete=True))
+                reqs.append(nlreq.route(str(net.network_address), net.prefixlen, delete=True))
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)
 
@@ -664,7 +666,7 @@ def _inside_new_netns() -> nl.Netlink:
 
 def _has_link(sock: nl.Netlink, name: str) -> bool:
     try:
-        nl.ifindex(sock, name)
+        nlquery.ifindex(sock, name)
     except OSError as e:
         if e.errno == errno.ENODEV:
             return False
