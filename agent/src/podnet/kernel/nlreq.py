@@ -117,7 +117,7 @@ def host_link_up(name: str) -> list[Request]:
 
 def host_link_off_ipv6(name: str) -> Request:
     """The first half of `host_link_up`: IPv6 address generation off, the link stays down
-    (a spare veth's host end, made before its pod: dataplane.py)."""
+    (a spare veth's host end, made before its pod: spares.py)."""
     ifname = _str(IFLA_IFNAME, name)
     return Request.raw(
         RTM_NEWLINK, _SET, _ifinfo() + ifname + _NO_IPV6_LL, f"link {name} addrgenmode none"
