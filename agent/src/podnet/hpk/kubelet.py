@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podnet.hpk import kubenode, podspec, podstatus, slurm
+from podnet.hpk import kubenode, podplan, podspec, podstatus, slurm
 from podnet.hpk.kubeapi import ApiError, Client
 from podnet.hpk.servicedns import ServiceZone
 from podnet.hpk.settings import Settings
@@ -52,7 +52,7 @@ class Entry:
 
 
 class ApiSources:
-    """podspec.Sources from the API."""
+    """podplan.Sources from the API."""
 
     def __init__(self, api: Client) -> None:
         self.api = api
@@ -84,7 +84,7 @@ class Kubelet:
         self,
         api: Client,
         settings: Settings,
-        cluster: podspec.Cluster,
+        cluster: podplan.Cluster,
         state: Path,
         ip: str,
         port: int,
@@ -223,7 +223,7 @@ class Kubelet:
             plan = podspec.plan(
                 entry.pod, self.settings, self.cluster, entry.poddir, self.image_dirs, self.sources
             )
-        except podspec.PodSpecError as e:
+        except podplan.PodSpecError as e:
             entry.error = (e.reason, str(e))
             log.info("pod %s/%s: %s: %s", entry.namespace, entry.name, e.reason, e)
             return
