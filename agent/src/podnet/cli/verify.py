@@ -22,6 +22,10 @@ SIGHUP): probes, their Slurm steps and jobs (`podnet-verify-<pid>`, cancelled by
 too), containers; login pods lose verify's session reference (podnetd releases them after
 the usual grace when the user has no other session). If verify is killed with SIGKILL,
 the probes exit with their stdin and the jobs end at their time limit.
+
+This module is the command (arguments, signals, the run's steps); the endpoints and what
+they should reach are in `verify_model`, the Slurm jobs and probes in `verify_run`, the
+truth tables and the report in `verify_tables`.
 """
 
 from __future__ import annotations
