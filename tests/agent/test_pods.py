@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import POD_CIDR, Node, sh, wait_for
-from podnet.kernel.dataplane import SPARE_NETNS
 from podnet.kernel.nl import mac_for_ip
+from podnet.kernel.spares import SPARE_NETNS
 
 
 def job_up(
@@ -193,7 +193,7 @@ def test_unicast_to_a_pod_goes_to_its_node_alone(cluster: dict[str, Node], etcd:
 
 
 def test_spare_namespaces_are_empty_and_bounded(cluster: dict[str, Node]) -> None:
-    """podnetd keeps a few network namespaces ready for the next pods (kernel/dataplane.py,
+    """podnetd keeps a few network namespaces ready for the next pods (kernel/spares.py,
     SPARE_NETNS): only its fds hold them, they have nothing but `lo` and `eth0` (both down),
     the host end of each `eth0` is down, in no bridge, without any address, and there are
     never more than SPARE_NETNS of them, however many pods were made."""

@@ -105,7 +105,7 @@ def test_kill9_during_create_leaves_nothing_behind(cluster: dict[str, Node], etc
     netns = {p.name for p in (n3.dir / "netns").iterdir()}
     assert netns == {"pn-j499"}
     # the kernel reaps the veths of removed namespaces asynchronously (the spares' are in
-    # no bridge: kernel/dataplane.py)
+    # no bridge: kernel/spares.py)
     wait_for(
         lambda: (
             len(

@@ -54,8 +54,9 @@ sys.path.insert(0, str(REPO / "agent" / "src"))
 from podnet.api.client import call  # noqa: E402
 from podnet.names import Keys, vxlan_name  # noqa: E402
 from podnet.state.alloc import Allocator  # noqa: E402
+from podnet.state.etcdops import op_put  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
-from podnet.state.store import Etcd, op_put  # noqa: E402
+from podnet.state.store import Etcd  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
 CNI_PATH = os.environ.get("PODNET_BENCH_CNI_PATH", "/usr/lib/cni")

@@ -151,8 +151,12 @@ CANDIDATE = textwrap.dedent(
         return r.ru_utime + r.ru_stime
 
     if kind in ("json", "grpc"):
-        sys.path.insert(0, os.environ["CAND_PATH"])
-        from store import Etcd, cmp_value, op_put
+        if kind == "json":  # the JSON client (JSON_REV): one store.py
+            sys.path.insert(0, os.environ["CAND_PATH"])
+            from store import Etcd, cmp_value, op_put
+        else:
+            from podnet.state.etcdops import cmp_value, op_put
+            from podnet.state.store import Etcd
         c = Etcd([http_url if kind == "json" else grpc_url], ca, cert, key, 10.0)
         get = lambda k: c.get(k)
         put = lambda k, v: c.put(k, v)
@@ -249,10 +253,7 @@ def candidates(tmp: Path) -> dict[str, tuple[str, dict[str, str]]]:
     if "grpc" in WANTED:
         have["grpc"] = (
             venv_py,
-            {
-                "CAND_PATH": str(ROOT / "agent/src/podnet/state"),
-                "PYTHONPATH": str(ROOT / "agent/src"),
-            },
+            {"PYTHONPATH": str(ROOT / "agent/src")},
         )
     for name, var, env in (
         ("pyetcd", "PODNET_CLIENTS_PYETCD_PY", {}),

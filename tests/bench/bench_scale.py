@@ -64,8 +64,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from podnet.names import Keys  # noqa: E402
 from podnet.state.alloc import BACKUPS, Allocator, Job, JobRecords  # noqa: E402
+from podnet.state.etcdops import KV  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
-from podnet.state.store import KV, Etcd  # noqa: E402
+from podnet.state.store import Etcd  # noqa: E402
 from svgplot import Reference, Series, xy_chart  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")

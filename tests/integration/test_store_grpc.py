@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""podnetd's etcd client (agent/src/podnet/state/store.py, gRPC) against a real 3-member TLS
-etcd: requests and watches survive a member going away (the next endpoint; the watch
-resumes from the revision after the last it delivered, nothing lost, nothing twice); a
-watch whose revision was compacted re-lists (`resync`); a transaction too large for
-`--max-txn-ops` is split; leases; and, with authentication on, each certificate acts as
-the etcd user of its common name (a node's certificate writes only where its role lets
-it, CoreDNS's reads only)."""
+"""podnetd's etcd client (agent/src/podnet/state/: store.py, etcdops.py, etcdwatch.py; gRPC)
+against a real 3-member TLS etcd: requests and watches survive a member going away (the
+next endpoint; the watch resumes from the revision after the last it delivered, nothing
+lost, nothing twice); a watch whose revision was compacted re-lists (`resync`); a
+transaction too large for `--max-txn-ops` is split; leases; and, with authentication on,
+each certificate acts as the etcd user of its common name (a node's certificate writes
+only where its role lets it, CoreDNS's reads only)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,8 @@ import time
 
 import pytest
 from conftest import ETCDCTL, EtcdCluster
-from podnet.state.store import (
-    KV,
-    Etcd,
-    EtcdPermissionDenied,
-    cmp_absent,
-    op_get,
-    op_put,
-)
+from podnet.state.etcdops import KV, cmp_absent, op_get, op_put
+from podnet.state.store import Etcd, EtcdPermissionDenied
 
 
 def client(c: EtcdCluster, cert: str = "admin", names: list[str] | None = None) -> Etcd:

@@ -12,8 +12,8 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from podnet.state.etcdops import KV, TxnResult, op_delete, op_put
 from podnet.state.etcdpb import message
-from podnet.state.store import KV, TxnResult, op_delete, op_put
 
 ResponseOp = message("etcdserverpb.ResponseOp")
 

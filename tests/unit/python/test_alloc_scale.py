@@ -24,8 +24,9 @@ from fake_etcd import FakeEtcd
 from podnet.names import Keys
 from podnet.state.alloc import Allocator, Job, JobRecords
 from podnet.state.alloc import jobs as alloc_jobs
+from podnet.state.etcdops import KV
 from podnet.state.ipam import Ipam
-from podnet.state.store import KV, Etcd
+from podnet.state.store import Etcd
 
 NODES = [f"n{i:03d}" for i in range(40)]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from podnet.cli import podnet as cli
-from podnet.kernel import capability, nl
+from podnet.kernel import capability, nl, nlquery
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -44,7 +44,7 @@ def _links(sock: Any) -> dict[str, dict[str, Any]]:
 
 
 def test_a_kernel_without_vxlan_fails_only_that_check(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(nl, "links", _links)
+    monkeypatch.setattr(nlquery, "links", _links)
     got = capability.build(RefusingNetlink(("create vxlan",), errno.EOPNOTSUPP))  # type: ignore[arg-type]
     assert got["bridge"] == "" and got["veth"] == ""
     assert got["vxlan"] == (
@@ -63,7 +63,7 @@ def test_a_kernel_without_vxlan_fails_only_that_check(monkeypatch: pytest.Monkey
 def test_no_bridge_still_tries_the_others_without_a_master(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(nl, "links", _links)
+    monkeypatch.setattr(nlquery, "links", _links)
     sock = RefusingNetlink(("create bridge",), errno.EPERM)
     got = capability.build(sock)  # type: ignore[arg-type]
     assert got["bridge"] == "cannot create a bridge: not permitted (CAP_NET_ADMIN missing?)"

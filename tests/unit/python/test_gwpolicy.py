@@ -20,6 +20,7 @@ from podnet.gateway.state import Raw, build_state
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
 from podnet.state import publish
+from podnet.state.etcdops import KV
 from podnet.state.gwpolicy import (
     Policy,
     compile_policy,
@@ -29,7 +30,6 @@ from podnet.state.gwpolicy import (
     publish_max,
 )
 from podnet.state.quota import QuotaExceeded
-from podnet.state.store import KV
 
 ROOT = Path(__file__).resolve().parents[3]
 TCP, UDP, ICMP = 6, 17, 1

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from podnet.hpk import controlplane, kubelet, podspec, podstatus, quantity, runner, slurm
+from podnet.hpk import controlplane, kubelet, podplan, podspec, podstatus, quantity, runner, slurm
 from podnet.hpk.settings import Settings, SettingsError, user_state_dir
 from podnet.hpk.slurm import JobState, clean_env
 
-CLUSTER = podspec.Cluster("198.18.0.5", 6443, "198.18.0.5", ["alice.lab"], "podnet")
+CLUSTER = podplan.Cluster("198.18.0.5", 6443, "198.18.0.5", ["alice.lab"], "podnet")
 
 
 class Src:
@@ -78,11 +78,11 @@ def test_images_map_to_files_and_a_missing_one_names_what_was_looked_for(images:
     )
     assert podspec.resolve_image("debian", [images]) == images / "debian"
     assert podspec.resolve_image("tool:1.2", [images]) == images / "tool_1.2.sif"
-    with pytest.raises(podspec.PodSpecError) as e:
+    with pytest.raises(podplan.PodSpecError) as e:
         podspec.resolve_image("nginx:1.27", [images])
     assert e.value.reason == "ErrImagePull"
     assert str(images / "nginx_1.27.sif") in str(e.value)
-    with pytest.raises(podspec.PodSpecError) as e:
+    with pytest.raises(podplan.PodSpecError) as e:
         podspec.resolve_image("../../etc/passwd", [images])
     assert e.value.reason == "InvalidImageName"
 
@@ -150,8 +150,8 @@ def test_containers_get_env_volumes_and_their_command(tmp_path: Path, images: Pa
     )
     (c,) = plan.containers
     env = dict(c.env)
-    assert env["PORT"] == "8080" and env["PW"] == "s3cr3t" and env["ME"] == podspec.RUNTIME_POD_IP
-    assert env["URL"] == f"http://{podspec.RUNTIME_POD_IP}:8080/ $(x)"
+    assert env["PORT"] == "8080" and env["PW"] == "s3cr3t" and env["ME"] == podplan.RUNTIME_POD_IP
+    assert env["URL"] == f"http://{podplan.RUNTIME_POD_IP}:8080/ $(x)"
     assert env["KUBERNETES_SERVICE_HOST"] == "198.18.0.5"
     argv = c.argv
     assert argv[:5] == ["/usr/bin/apptainer", "-q", "exec", "--contain", "--cleanenv"]
@@ -199,7 +199,7 @@ def test_volumes_podnet_cannot_give_say_why(
     tmp_path: Path, images: Path, volume: dict[str, Any], reason: str
 ) -> None:
     p = pod(volumes=[volume])
-    with pytest.raises(podspec.PodSpecError) as e:
+    with pytest.raises(podplan.PodSpecError) as e:
         podspec.plan(
             p, Settings(host_path_prefixes=("/shared/data",)), CLUSTER, tmp_path, [images], Src()
         )
@@ -326,7 +326,7 @@ def _write_plan(
     (d / "hosts").write_text("127.0.0.1\tlocalhost\n")
 
     def c(i: int, argv: list[str]) -> dict[str, Any]:
-        return {"name": f"c{i}", "argv": argv, "env": [["IP", podspec.RUNTIME_POD_IP]]}
+        return {"name": f"c{i}", "argv": argv, "env": [["IP", podplan.RUNTIME_POD_IP]]}
 
     (d / "plan.json").write_text(
         json.dumps(

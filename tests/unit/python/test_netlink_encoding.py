@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from podnet.kernel import nl
+from podnet.kernel import nl, nlreq
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.ndmsg import ndmsg
@@ -16,7 +16,7 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 @pytest.mark.parametrize("delete", [False, True])
 @pytest.mark.parametrize(("index", "vtep"), [(5, "198.19.208.9"), (70000, "10.255.0.1")])
 def test_fdb_flood_matches_pyroute2(index: int, vtep: str, delete: bool) -> None:
-    req = nl.fdb_flood(index, vtep, delete)
+    req = nlreq.fdb_flood(index, vtep, delete)
     m = ndmsg()
     m["family"] = nl.AF_BRIDGE
     m["ifindex"] = index
@@ -32,7 +32,7 @@ def test_fdb_flood_matches_pyroute2(index: int, vtep: str, delete: bool) -> None
     m["header"]["sequence_number"] = req.seq
     m.encode()
     assert bytes(m.data) == req.data
-    assert nl.fdb_flood(index, vtep).seq != req.seq  # each request its own sequence number
+    assert nlreq.fdb_flood(index, vtep).seq != req.seq  # each request its own sequence number
 
 
 @pytest.mark.parametrize("delete", [False, True])
@@ -41,7 +41,7 @@ def test_fdb_flood_matches_pyroute2(index: int, vtep: str, delete: bool) -> None
 )
 def test_fdb_unicast_matches_pyroute2(index: int, ip: str, vtep: str, delete: bool) -> None:
     mac = nl.mac_for_ip(ip)
-    req = nl.fdb_unicast(index, mac, vtep, delete)
+    req = nlreq.fdb_unicast(index, mac, vtep, delete)
     m = ndmsg()
     m["family"] = nl.AF_BRIDGE
     m["ifindex"] = index
@@ -89,25 +89,25 @@ def _ifi(index: int = 0, flags: int = 0, attrs: list[Any] | None = None) -> ifin
 
 
 def test_link_requests_match_pyroute2() -> None:
-    r = nl.link_up(7)
+    r = nlreq.link_up(7)
     assert r.data == _encoded(_ifi(7, nl.IFF_UP), nl.RTM_NEWLINK, _SET, r.seq)
-    off, up = nl.host_link_up("pnv0123456789ab")
+    off, up = nlreq.host_link_up("pnv0123456789ab")
     name = ("IFLA_IFNAME", "pnv0123456789ab")
     assert off.data == _encoded(_ifi(0, 0, [name, _NO_LL]), nl.RTM_NEWLINK, _SET, off.seq)
     assert up.data == _encoded(_ifi(0, nl.IFF_UP, [name]), nl.RTM_NEWLINK, _SET, up.seq)
-    r = nl.host_link_off_ipv6("pnv0123456789ab")
+    r = nlreq.host_link_off_ipv6("pnv0123456789ab")
     assert r.data == _encoded(_ifi(0, 0, [name, _NO_LL]), nl.RTM_NEWLINK, _SET, r.seq)
-    r = nl.enslave_up(12, 70000)
+    r = nlreq.enslave_up(12, 70000)
     want = _ifi(12, nl.IFF_UP, [("IFLA_MASTER", 70000)])
     assert r.data == _encoded(want, nl.RTM_NEWLINK, _SET, r.seq)
-    r = nl.no_ipv6_ll(9)
+    r = nlreq.no_ipv6_ll(9)
     assert r.data == _encoded(_ifi(9, 0, [_NO_LL]), nl.RTM_NEWLINK, _SET, r.seq)
-    r = nl.link_up_with_mac(2, "0a:58:c6:13:80:0a")
+    r = nlreq.link_up_with_mac(2, "0a:58:c6:13:80:0a")
     want = _ifi(2, nl.IFF_UP, [("IFLA_ADDRESS", "0a:58:c6:13:80:0a")])
     assert r.data == _encoded(want, nl.RTM_NEWLINK, _SET, r.seq)
-    r = nl.del_link(9, "x")
+    r = nlreq.del_link(9, "x")
     assert r.data == _encoded(_ifi(9), nl.RTM_DELLINK, _SET, r.seq)
-    r = nl.del_link_named("pnvx5001")
+    r = nlreq.del_link_named("pnvx5001")
     assert r.data == _encoded(
         _ifi(0, 0, [("IFLA_IFNAME", "pnvx5001")]), nl.RTM_DELLINK, _SET, r.seq
     )
@@ -118,7 +118,7 @@ def test_link_requests_match_pyroute2() -> None:
     [("pnv0123456789ab", "eth0", 70000), ("pnvabc", "net1x", 70000), ("pnv0123", "eth0", 0)],
 )
 def test_veth_matches_pyroute2(host: str, peer: str, master: int) -> None:
-    r = nl.veth(host, peer, 5, 1450, master, "02:50:6e:ff:ff:fe")
+    r = nlreq.veth(host, peer, 5, 1450, master, "02:50:6e:ff:ff:fe")
     peer_attrs = {
         "attrs": [
             ("IFLA_IFNAME", peer),
@@ -147,7 +147,7 @@ def test_veth_matches_pyroute2(host: str, peer: str, master: int) -> None:
 
 
 def test_bridge_and_vxlan_match_pyroute2() -> None:
-    r = nl.bridge("pnbr5001", "02:50:6e:00:00:01", 1450)
+    r = nlreq.bridge("pnbr5001", "02:50:6e:00:00:01", 1450)
     info = {"attrs": [("IFLA_INFO_KIND", "bridge")]}
     want = _ifi(
         0,
@@ -160,7 +160,7 @@ def test_bridge_and_vxlan_match_pyroute2() -> None:
         ],
     )
     assert r.data == _encoded(want, nl.RTM_NEWLINK, _NEW, r.seq)
-    r = nl.vxlan("pnvx5001", 5001, "198.19.250.11", 3, 4789, 1450, 9)
+    r = nlreq.vxlan("pnvx5001", 5001, "198.19.250.11", 3, 4789, 1450, 9)
     data = {
         "attrs": [
             ("IFLA_VXLAN_ID", 5001),
@@ -195,10 +195,10 @@ def test_addresses_match_pyroute2(family: int, ip: str, plen: int) -> None:
         m["attrs"] = ([("IFA_LOCAL", ip)] if local else []) + [("IFA_ADDRESS", ip)]
         return m
 
-    r = nl.del_addr(2, family, ip, plen)
+    r = nlreq.del_addr(2, family, ip, plen)
     assert r.data == _encoded(msg(family == nl.AF_INET), nl.RTM_DELADDR, _SET, r.seq)
     if family == nl.AF_INET:
-        r = nl.addr(2, ip, plen)
+        r = nlreq.addr(2, ip, plen)
         assert r.data == _encoded(msg(True), nl.RTM_NEWADDR, _NEW, r.seq)
 
 
@@ -221,7 +221,7 @@ def test_addresses_match_pyroute2(family: int, ip: str, plen: int) -> None:
 def test_routes_match_pyroute2(kw: dict[str, Any]) -> None:
     dst, dst_len = kw["dst"], kw["dst_len"]
     opts = {k: v for k, v in kw.items() if k not in ("dst", "dst_len")}
-    r = nl.route(dst, dst_len, **opts)
+    r = nlreq.route(dst, dst_len, **opts)
     m = rtmsg()
     m["family"] = nl.AF_INET
     m["dst_len"] = dst_len
@@ -247,7 +247,7 @@ def test_routes_match_pyroute2(kw: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("delete", [False, True])
 def test_neigh_matches_pyroute2(delete: bool) -> None:
-    r = nl.neigh(2, "169.254.0.1", "02:50:6e:00:00:01", delete)
+    r = nlreq.neigh(2, "169.254.0.1", "02:50:6e:00:00:01", delete)
     m = ndmsg()
     m["family"] = nl.AF_INET
     m["ifindex"] = 2

@@ -15,9 +15,9 @@ from fake_etcd import FakeEtcd
 from podnet.config import ClusterConfig, ConfigError
 from podnet.names import Keys
 from podnet.state.alloc import Allocator
+from podnet.state.etcdops import cmp_absent, op_delete, op_put
 from podnet.state.ipam import Ipam
 from podnet.state.quota import Limits, QuotaExceeded, Slots, slots_of
-from podnet.state.store import cmp_absent, op_delete, op_put
 
 KEYS = Keys("u")
 

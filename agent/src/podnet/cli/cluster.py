@@ -16,7 +16,8 @@ from typing import Any, Protocol
 
 from podnet.config import ClusterConfig
 from podnet.names import Keys, block_from_key
-from podnet.state.store import KV, EtcdRequestError, EtcdUnavailable
+from podnet.state.etcdops import KV
+from podnet.state.store import EtcdRequestError, EtcdUnavailable
 
 __all__ = ["TOP_USERS", "Snapshot", "read", "report", "text"]
 

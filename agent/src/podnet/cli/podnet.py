@@ -24,7 +24,7 @@ from podnet.api import client
 from podnet.api.client import DEFAULT_SOCKET, ApiError
 from podnet.cli import cluster, verify
 from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
-from podnet.kernel import capability, nl
+from podnet.kernel import capability, nl, nlquery
 from podnet.names import Keys, is_veth_name
 from podnet.node.etcd_sync import EtcdSync
 from podnet.node.view import ClusterView, SyncQueue
@@ -303,10 +303,12 @@ def _host_addresses() -> dict[str, Any]:
         with nl.Netlink() as sock:
             names = {
                 int(v["index"]): k
-                for k, v in nl.links(sock).items()
+                for k, v in nlquery.links(sock).items()
                 if k.startswith(("pnbr", "pnvx")) or is_veth_name(k)
             }
-            found = sorted(f"{names[i]} {ip}" for i, _f, ip, _p in nl.addresses(sock) if i in names)
+            found = sorted(
+                f"{names[i]} {ip}" for i, _f, ip, _p in nlquery.addresses(sock) if i in names
+            )
     except OSError as e:
         return _check("host-addresses", False, str(e))
     if found:
@@ -331,12 +333,12 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
         sync = EtcdSync(etcd, keys, cfg.node, alloc, None, None, None, view, SyncQueue())  # type: ignore[arg-type]
         sync.resync()
         with nl.Netlink() as sock:
-            for name, info in nl.links(sock).items():
+            for name, info in nlquery.links(sock).items():
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):
                     continue
                 vni = int(info["vni"])
                 want = set(view.vteps_of(vni)) - {cfg.underlay_ip}
-                have = nl.fdb_dsts(sock, int(info["index"]))
+                have = nlquery.fdb_dsts(sock, int(info["index"]))
                 ok = want == have
                 detail = (
                     "in sync"

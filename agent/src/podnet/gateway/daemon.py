@@ -39,7 +39,8 @@ from podnet.gateway.metrics import VrrpWatch, holds_address, start_metrics
 from podnet.gateway.nft import ruleset, update
 from podnet.gateway.state import State, read_state
 from podnet.names import Keys
-from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable, cmp_mod, op_delete
+from podnet.state.etcdops import cmp_mod, op_delete
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 from podnet.stats import ETCD_BUCKETS, Histogram, Tally
 
 log = logging.getLogger("podnet.gateway")

@@ -12,8 +12,9 @@ from typing import Any
 
 from podnet.names import Keys
 from podnet.policy_format import PolicyError
+from podnet.state.etcdops import KV
 from podnet.state.gwpolicy import Compiled, Policy, compile_policy, parse_policy
-from podnet.state.store import KV, Etcd
+from podnet.state.store import Etcd
 
 log = logging.getLogger("podnet.gateway")
 

@@ -6,9 +6,11 @@ pod into one Slurm job of that user, whose podnet pod is the Kubernetes pod's ne
 
 Modules, by layer (each imports only those above it in this list):
   settings, quantity   the site's HPK settings; Kubernetes quantities
+  podplan              a pod's plan: its types, PodSpecError, the values only its job knows
   podspec              a Kubernetes pod -> the Slurm job and Apptainer commands that run it
   runner               in the pod's job: runs the containers, writes their status
   slurm, kubeapi       Slurm's commands; Kubernetes' REST API
-  kubelet, logserver   the virtual node
+  kubenode, servicedns the virtual node's Node object and Lease; the Service names' zone
+  kubelet, logserver   the virtual node: its pods, `kubectl logs`
   controlplane, cli    the control plane's supervisor in its job; `podnet-hpk`
 """

@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from podnet.hpk import podspec, runner
+from podnet.hpk import podplan, runner
 from podnet.hpk.kubeapi import Client
 from podnet.hpk.kubelet import Kubelet
 from podnet.hpk.logserver import serve
@@ -261,7 +261,7 @@ class ControlPlane:
         )
         self._wait_service_account(api, 60)
         dns = self._dns()
-        cluster = podspec.Cluster(
+        cluster = podplan.Cluster(
             api_host=self.ip,
             api_port=API_PORT,
             dns_server=dns,

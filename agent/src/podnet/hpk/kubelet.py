@@ -2,7 +2,11 @@
 """podnet's virtual kubelet (HPK's design, docs/hpk.md): one node that stands for the
 cluster; every pod bound to it becomes one Slurm job of the user, whose podnet pod is the
 Kubernetes pod's network. It also binds pods (Slurm places them: HPK's pass-through
-scheduler) and writes the Service names the control plane's DNS serves."""
+scheduler) and writes the Service names the control plane's DNS serves.
+
+This module holds the pods (watch, bind, submit, status, delete) and the loops; the Node
+object and its Lease are in `podnet.hpk.kubenode`, the Service names' zone file in
+`podnet.hpk.servicedns`."""
 
 from __future__ import annotations
 
@@ -10,7 +14,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import os
 import queue
 import shutil
 import sys
@@ -19,22 +22,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podnet.hpk import podspec, podstatus, slurm
+from podnet.hpk import kubenode, podplan, podspec, podstatus, slurm
 from podnet.hpk.kubeapi import ApiError, Client
+from podnet.hpk.servicedns import ServiceZone
 from podnet.hpk.settings import Settings
 
 log = logging.getLogger("podnet.hpk.kubelet")
 
-LEASE_SECONDS = 40
 HEARTBEAT = 10.0
 SQUEUE_EVERY = 2.0
 # how often the pods' status files are read (a stat and a small read each)
 FILES_EVERY = 0.1
-
-
-def micro_now() -> str:
-    t = time.time()
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1e6):06d}Z"
 
 
 @dataclasses.dataclass
@@ -54,7 +52,7 @@ class Entry:
 
 
 class ApiSources:
-    """podspec.Sources from the API."""
+    """podplan.Sources from the API."""
 
     def __init__(self, api: Client) -> None:
         self.api = api
@@ -86,7 +84,7 @@ class Kubelet:
         self,
         api: Client,
         settings: Settings,
-        cluster: podspec.Cluster,
+        cluster: podplan.Cluster,
         state: Path,
         ip: str,
         port: int,
@@ -102,8 +100,9 @@ class Kubelet:
         self.pods_dir.mkdir(parents=True, exist_ok=True)
         self.dns_zone = state / "dns" / f"{settings.cluster_domain}.zone"
         self.dns_zone.parent.mkdir(parents=True, exist_ok=True)
-        self._dns_body: str | None = None
-        self._dns_serial = 0
+        self.zone = ServiceZone(
+            api, self.dns_zone, settings.cluster_domain, cluster.api_host, cluster.dns_server
+        )
         self.image_dirs = [
             Path(d.format(state=state, home=Path.home())) for d in settings.image_dirs
         ]
@@ -114,127 +113,17 @@ class Kubelet:
         self.script = f'#!/bin/sh\nexec {sys.executable} -m podnet.hpk.runner "$PODNET_HPK_POD"\n'
 
     # --- the node -------------------------------------------------------------------
-    def _capacity(self) -> dict[str, str]:
-        cpus = mem = nodes = 0
-        try:
-            out = slurm._run(["sinfo", "-h", "-N", "-o", "%N %c %m"])
-            seen = set()
-            for line in out.splitlines():
-                n, c, m = line.split()
-                if n in seen:
-                    continue
-                seen.add(n)
-                nodes += 1
-                cpus += int(c)
-                mem += int(m.rstrip("+"))
-        except (slurm.SlurmError, ValueError) as e:
-            log.warning("sinfo: %s: the node shows no capacity", e)
-        return {"cpu": str(max(cpus, 1)), "memory": f"{max(mem, 1)}Mi", "pods": "1000"}
-
-    def _node_status(self) -> dict[str, Any]:
-        hb = podstatus.now()
-        cap = self._capacity()
-        return {
-            "capacity": cap,
-            "allocatable": cap,
-            "addresses": [
-                {"type": "InternalIP", "address": self.ip},
-                {"type": "Hostname", "address": self.node},
-            ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": self.port}},
-            "nodeInfo": {
-                "kubeletVersion": "podnet-hpk",
-                "operatingSystem": "linux",
-                "architecture": "amd64",
-                "containerRuntimeVersion": "apptainer",
-                "kernelVersion": os.uname().release,
-                "osImage": "Slurm (podnet)",
-                "kubeProxyVersion": "",
-                "machineID": "",
-                "systemUUID": "",
-                "bootID": "",
-            },
-            "conditions": [
-                {
-                    "type": t,
-                    "status": s,
-                    "reason": r,
-                    "lastHeartbeatTime": hb,
-                    "lastTransitionTime": hb,
-                }
-                for t, s, r in (
-                    ("Ready", "True", "KubeletReady"),
-                    ("MemoryPressure", "False", "KubeletHasSufficientMemory"),
-                    ("DiskPressure", "False", "KubeletHasNoDiskPressure"),
-                    ("PIDPressure", "False", "KubeletHasSufficientPID"),
-                )
-            ],
-        }
-
     def register(self) -> None:
-        node = {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": self.node,
-                "labels": {
-                    "kubernetes.io/hostname": self.node,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "virtual-kubelet",
-                    "podnet.hpc/slurm": "true",
-                },
-            },
-            "spec": {},
-        }
-        try:
-            self.api.request("POST", "/api/v1/nodes", node)
-        except ApiError as e:
-            if e.status != 409:
-                raise
-        self._patch_node_status()
-        self._lease()
-
-    def _patch_node_status(self) -> None:
-        self.api.request(
-            "PATCH",
-            f"/api/v1/nodes/{self.node}/status",
-            {"status": self._node_status()},
-            content_type="application/merge-patch+json",
-        )
-
-    def _lease(self) -> None:
-        path = f"/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/{self.node}"
-        spec = {
-            "holderIdentity": self.node,
-            "leaseDurationSeconds": LEASE_SECONDS,
-            "renewTime": micro_now(),
-        }
-        lease = self.api.get(path)
-        if lease is None:
-            self.api.request(
-                "POST",
-                "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases",
-                {
-                    "apiVersion": "coordination.k8s.io/v1",
-                    "kind": "Lease",
-                    "metadata": {"name": self.node},
-                    "spec": spec,
-                },
-            )
-        else:
-            self.api.request(
-                "PATCH", path, {"spec": spec}, content_type="application/merge-patch+json"
-            )
+        kubenode.register(self.api, self.node, self.ip, self.port)
 
     def heartbeat_loop(self) -> None:
         n = 0
         while not self.stop.wait(HEARTBEAT):
             n += 1
             try:
-                self._lease()
+                kubenode.renew_lease(self.api, self.node)
                 if n % 6 == 0:
-                    self._patch_node_status()
+                    kubenode.patch_status(self.api, self.node, self.ip, self.port)
             except (OSError, ApiError) as e:
                 log.warning("heartbeat: %s", e)
 
@@ -334,7 +223,7 @@ class Kubelet:
             plan = podspec.plan(
                 entry.pod, self.settings, self.cluster, entry.poddir, self.image_dirs, self.sources
             )
-        except podspec.PodSpecError as e:
+        except podplan.PodSpecError as e:
             entry.error = (e.reason, str(e))
             log.info("pod %s/%s: %s: %s", entry.namespace, entry.name, e.reason, e)
             return
@@ -484,37 +373,8 @@ class Kubelet:
 
     # --- Service names -----------------------------------------------------------------
     def dns_sync(self) -> None:
-        """`<svc>.<ns>.svc.<domain>` -> the ready addresses of its endpoints, in the zone
-        file the control plane's CoreDNS serves (headless or not: there is no kube-proxy,
-        so a Service name always gives its pods' podnet addresses, as HPK does). Names that
-        are not there get NXDOMAIN (the zone has its SOA)."""
-        records = {("kubernetes.default.svc", self.cluster.api_host)}
-        eps = self.api.request("GET", "/api/v1/endpoints")
-        for ep in eps.get("items", []):
-            meta = ep["metadata"]
-            if meta["namespace"] == "default" and meta["name"] == "kubernetes":
-                continue
-            rel = f"{meta['name']}.{meta['namespace']}.svc"
-            for subset in ep.get("subsets") or []:
-                for a in subset.get("addresses") or []:
-                    records.add((rel, a["ip"]))
-                    if a.get("hostname"):
-                        records.add((f"{a['hostname']}.{rel}", a["ip"]))
-        body = "".join(f"{name} 5 IN A {ip}\n" for name, ip in sorted(records))
-        if body == self._dns_body:
-            return
-        self._dns_body = body
-        self._dns_serial = max(self._dns_serial + 1, int(time.time()))
-        dom = self.settings.cluster_domain
-        text = (
-            f"$ORIGIN {dom}.\n"
-            f"@ 5 IN SOA ns.dns.{dom}. hostmaster.{dom}. {self._dns_serial} 60 30 3600 5\n"
-            f"@ 5 IN NS ns.dns.{dom}.\n"
-            f"ns.dns 5 IN A {self.cluster.dns_server}\n" + body
-        )
-        tmp = self.dns_zone.with_name(".zone.tmp")
-        tmp.write_text(text)
-        tmp.replace(self.dns_zone)
+        """The Service names' zone file, up to date (`ServiceZone.sync`)."""
+        self.zone.sync()
 
     def dns_loop(self) -> None:
         while not self.stop.wait(1.0):

@@ -1,99 +1,34 @@
 # SPDX-License-Identifier: Apache-2.0
 """A Kubernetes pod -> the Slurm job that runs it and the Apptainer commands of its
 containers (docs/hpk.md, "How a pod runs"). Pure: what the API holds (config maps,
-secrets, tokens) comes through `Sources`, the files to write come back in the plan."""
+secrets, tokens) comes through `Sources`, the files to write come back in the plan (the
+plan's types are `podnet.hpk.podplan`'s)."""
 
 from __future__ import annotations
 
 import base64
-import dataclasses
-import json
 import posixpath
 import re
 import shlex
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from podnet.hpk import quantity
+from podnet.hpk.podplan import (
+    RUNTIME_POD_IP,
+    Cluster,
+    ContainerPlan,
+    PodPlan,
+    PodSpecError,
+    Sources,
+)
 from podnet.hpk.settings import Settings
 
 # HPK's annotation (its papers: extra sbatch flags of a pod's job) and podnet's own name
 FLAGS_ANNOTATIONS = ("slurm.hpk.io/flags", "podnet.hpc/slurm-flags")
-# values of the pod only the running job knows: the runner fills them in
-RUNTIME_POD_IP = "$(podnet:pod-ip)"
-RUNTIME_NODE = "$(podnet:node)"
 _DNS_LABEL = re.compile(r"[^a-z0-9-]+")
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)|\$\$")
-
-
-class PodSpecError(Exception):
-    """A pod podnet cannot run as it is: `reason` is the Kubernetes-style reason shown in
-    the pod's status (ErrImagePull, CreateContainerConfigError, ...), str() the message."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class Sources(Protocol):
-    """What a pod refers to in the API."""
-
-    def config_map(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    def secret(self, namespace: str, name: str) -> dict[str, Any] | None: ...
-
-    def token(
-        self, namespace: str, service_account: str, audience: str | None, seconds: int
-    ) -> str: ...
-
-
-@dataclasses.dataclass(frozen=True)
-class ContainerPlan:
-    name: str
-    # the Apptainer command line, the env file's path inside it as written by the runner
-    argv: list[str]
-    env: list[tuple[str, str]]
-
-
-@dataclasses.dataclass(frozen=True)
-class PodPlan:
-    key: str  # namespace/name
-    uid: str
-    job_name: str
-    restart_policy: str
-    grace_seconds: int
-    init: list[ContainerPlan]
-    containers: list[ContainerPlan]
-    sbatch_args: list[str]
-    # files the kubelet writes into the pod's directory before the job starts: relative
-    # path -> (content, mode)
-    files: dict[str, tuple[bytes, int]]
-    dirs: list[str]
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "key": self.key,
-                "uid": self.uid,
-                "restart_policy": self.restart_policy,
-                "grace_seconds": self.grace_seconds,
-                "init": [dataclasses.asdict(c) for c in self.init],
-                "containers": [dataclasses.asdict(c) for c in self.containers],
-            },
-            indent=1,
-        )
-
-
-@dataclasses.dataclass(frozen=True)
-class Cluster:
-    """What every pod of this user's cluster gets."""
-
-    api_host: str  # the API server's pod address
-    api_port: int
-    dns_server: str  # the control plane's DNS (Service names), its pod address
-    search: list[str]  # resolv.conf search domains after the Kubernetes ones
-    node_name: str
 
 
 def job_name(namespace: str, name: str) -> str:

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from podnet.hpk.podspec import RUNTIME_NODE, RUNTIME_POD_IP
+from podnet.hpk.podplan import RUNTIME_NODE, RUNTIME_POD_IP
 
 SIOCGIFADDR = 0x8915
 BACKOFF_FIRST = 10.0

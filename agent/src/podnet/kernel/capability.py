@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from podnet.kernel import nl
+from podnet.kernel import nl, nlquery, nlreq
 
 CLONE_NEWNET = 0x40000000
 #: what `probe()` reports, in order: the namespace, then each kind of link
@@ -40,7 +40,7 @@ def _hint(kind: str, module: str, err: OSError) -> str:
 
 
 def _index(sock: nl.Netlink, name: str) -> int:
-    info = nl.links(sock).get(name)
+    info = nlquery.links(sock).get(name)
     if info is None:
         raise OSError(errno.ENODEV, f"{name} missing after its creation")
     return int(info["index"])
@@ -53,7 +53,7 @@ def build(sock: nl.Netlink) -> dict[str, str]:
     out: dict[str, str] = {}
     master = 0
     try:
-        sock.batch([nl.bridge(_BRIDGE, "02:70:6e:64:00:01", _MTU), *nl.host_link_up(_BRIDGE)])
+        sock.batch([nlreq.bridge(_BRIDGE, "02:70:6e:64:00:01", _MTU), *nlreq.host_link_up(_BRIDGE)])
         master = _index(sock, _BRIDGE)
         out["bridge"] = ""
     except OSError as e:
@@ -62,9 +62,9 @@ def build(sock: nl.Netlink) -> dict[str, str]:
         with Path("/proc/thread-self/ns/net").open("rb") as ns:
             sock.batch(
                 [
-                    nl.veth(_VETH, _PEER, ns.fileno(), _MTU, master, "02:70:6e:64:00:02"),
-                    *nl.host_link_up(_VETH),
-                    *nl.host_link_up(_PEER),
+                    nlreq.veth(_VETH, _PEER, ns.fileno(), _MTU, master, "02:70:6e:64:00:02"),
+                    *nlreq.host_link_up(_VETH),
+                    *nlreq.host_link_up(_PEER),
                 ]
             )
         out["veth"] = ""
@@ -74,8 +74,8 @@ def build(sock: nl.Netlink) -> dict[str, str]:
         lo = _index(sock, "lo")
         sock.batch(
             [
-                nl.vxlan(_VXLAN, 4242, "127.0.0.1", lo, 4789, _MTU - 50, master),
-                *nl.host_link_up(_VXLAN),
+                nlreq.vxlan(_VXLAN, 4242, "127.0.0.1", lo, 4789, _MTU - 50, master),
+                *nlreq.host_link_up(_VXLAN),
             ]
         )
         out["vxlan"] = ""

@@ -19,22 +19,18 @@ an address-less bridge and answers pods from its underlay address.
 Teardown removes the netns file; the kernel reaps the veth. The bridge and VXLAN of a
 user are removed with the user's last pod on the node.
 
-Creating a network namespace (unshare) and a veth pair are the dearest steps of a pod
-and need nothing of the request, so a background thread keeps `SPARE_NETNS` spares ready:
-a namespace held by an fd, with its netlink socket and sysctl made, and its veth (pod end
-`eth0` down with a placeholder MAC, made in place; host end down, in no bridge, IPv6
-address generation off). A pod takes one, bind-mounts it on its file and puts the host
-end into the user's bridge and up (one request). Without a spare (a burst, the first pod,
-a container's own interface name) the pod makes its own, as before. A spare is reachable
-from nothing but podnetd's fd; its veth carries no frame (both ends down, no address, no
-bridge), and goes with the namespace when podnetd closes the fd or exits.
+A pod takes a spare network namespace, made ahead with its veth, when one is ready
+(`podnet.kernel.spares`); without a spare (a burst, the first pod, a container's own
+interface name) the pod makes its own, as before.
+
+This module holds the pods; the user's bridge, VXLAN and FDB and the routes to other
+nodes' blocks are `UserLinks` (`podnet.kernel.userlinks`), mixed into `Dataplane`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import ipaddress
 import logging
 import os
 import threading
@@ -42,9 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from podnet.errors import PodnetError
-from podnet.kernel import netns, nl
+from podnet.kernel import netns, nl, nlquery, nlreq
 from podnet.kernel.pidns import PidNamespaces
-from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name, vxlan_name
+from podnet.kernel.spares import PLACEHOLDER_MAC, SPARE_IFNAME, Spare, Spares, inside_new_netns
+from podnet.kernel.userlinks import UserLinks
+from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name
 
 log = logging.getLogger("podnet.dataplane")
 
@@ -63,36 +61,6 @@ class PodSpec:
     gateway_ip: str
 
 
-#: network namespaces kept ready for the next pods (see the module's docstring)
-SPARE_NETNS = 4
-#: the pod end of a spare's veth (a container asking for another name gets no spare)
-SPARE_IFNAME = "eth0"
-#: a netlink socket (the name `nl` is a method inside Dataplane)
-Socket = nl.Netlink
-
-
-@dataclass
-class Spare:
-    """A spare namespace: an fd that holds it, a netlink socket inside it, its veth."""
-
-    fd: int
-    sock: Socket
-    veth: str  # host end (down, in no bridge)
-    host_index: int
-    eth0: int  # pod end (down, placeholder MAC), index inside
-    lo: int
-    mtu: int
-
-    def close(self) -> None:
-        """Free it (the kernel reaps the namespace and its veth)."""
-        self.sock.close()
-        os.close(self.fd)
-
-
-#: MAC of a pod's eth0 until its address is known (the link is down meanwhile)
-PLACEHOLDER_MAC = "02:50:6e:ff:ff:fe"
-
-
 @dataclass
 class NewNetns:
     """A pod netns just created, with a netlink socket opened inside it."""
@@ -109,7 +77,7 @@ class NewNetns:
     resolv: tuple[list[str], list[str]] | None = None
 
 
-class Dataplane:
+class Dataplane(UserLinks):
     def __init__(
         self,
         netns_dir: str,
@@ -131,14 +99,9 @@ class Dataplane:
         self._tls = threading.local()
         self.bridges: dict[int, int] = {}  # vni -> bridge ifindex of users present here
         self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
-        self._spares: list[Spare] = []
-        self._spare_mtu = 0  # the pods' MTU, as the last pod asked (spares are made with it)
-        self._spare_lock = threading.Lock()
-        self._spare_wanted = threading.Event()
-        self._spare_thread: threading.Thread | None = None
-        self._closed = False
+        self.spares = Spares(self.host, self.nl)
         netns.make_shared_dir(self.netns_dir)
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         if underlay_interface not in links:
             raise DataplaneError(f"underlay interface {underlay_interface} not found")
         self.underlay_index = int(links[underlay_interface]["index"])
@@ -150,124 +113,6 @@ class Dataplane:
             sock = nl.Netlink()
             self._tls.nl = sock
         return sock
-
-    # -- users -------------------------------------------------------------------------
-    def ensure_user(self, vni: int, vteps: list[str]) -> int:
-        """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex.
-
-        The FDB of the VXLAN is set to exactly `vteps` (remote underlay IPs).
-        """
-        br, vx = bridge_name(vni), vxlan_name(vni)
-        with self.lock:
-            links = nl.links(self.nl())
-            if br not in links:
-                self.nl().batch(
-                    [nl.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50), *nl.host_link_up(br)]
-                )
-                links = nl.links(self.nl())
-            else:  # no address: reconcile removed an older podnetd's (scrub_host_links)
-                self.nl().batch(nl.host_link_up(br))
-            bri = int(links[br]["index"])
-            if vx not in links:
-                self.nl().batch(
-                    [
-                        nl.vxlan(
-                            vx,
-                            vni,
-                            self.underlay_ip,
-                            self.underlay_index,
-                            self.vxlan_port,
-                            self.underlay_mtu - 50,
-                            bri,
-                        ),
-                        *nl.host_link_up(vx),
-                    ]
-                )
-                links = nl.links(self.nl())
-            self._set_fdb(int(links[vx]["index"]), vteps)
-            self.bridges[vni] = bri
-        return bri
-
-    def user_bridge(self, vni: int) -> int | None:
-        """The user's bridge index if this agent set it up (no netlink dump)."""
-        return self.bridges.get(vni)
-
-    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> bool:
-        """Make the user's FDB exactly `vteps` (flooding) and, unless None, `macs` (remote
-        pod MAC -> its node's underlay address: unicast to that node alone); False if the
-        user has no VXLAN here."""
-        with self.lock:
-            links = nl.links(self.nl())
-            vx = links.get(vxlan_name(vni))
-            if not vx:
-                return False
-            self._set_fdb(int(vx["index"]), vteps, macs)
-            return True
-
-    def _set_fdb(self, index: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
-        want = {v for v in vteps if v != self.underlay_ip}
-        have, unicast = nl.fdb_entries(self.nl(), index)
-        reqs = [nl.fdb_flood(index, v) for v in sorted(want - have)]
-        reqs += [nl.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
-        if macs is not None:
-            macs = {m: d for m, d in macs.items() if d != self.underlay_ip}
-            reqs += [
-                nl.fdb_unicast(index, m, d) for m, d in sorted(macs.items()) if unicast.get(m) != d
-            ]
-            reqs += [
-                nl.fdb_unicast(index, m, d, delete=True)
-                for m, d in sorted(unicast.items())
-                if m not in macs
-            ]
-        for chunk in nl.chunks(reqs, 256):
-            self.nl().batch(chunk)
-
-    def remove_user(self, vni: int) -> None:
-        with self.lock:
-            self.bridges.pop(vni, None)
-            links = nl.links(self.nl())
-            reqs = [
-                nl.del_link(int(links[n]["index"]), n)
-                for n in (vxlan_name(vni), bridge_name(vni))
-                if n in links
-            ]
-            if reqs:
-                self.nl().batch(reqs)
-
-    def scrub_host_links(self) -> int:
-        """Remove every address from podnet's host-side links and turn their IPv6 address
-        generation off (links made by an older podnetd carried the gateway address and an
-        fe80:: address); returns the number of addresses removed."""
-        links = nl.links(self.nl())
-        ours = {
-            int(v["index"]): k
-            for k, v in links.items()
-            if is_veth_name(k) or k.startswith(("pnbr", "pnvx"))
-        }
-        reqs = [
-            nl.del_addr(i, fam, ip, plen)
-            for i, fam, ip, plen in nl.addresses(self.nl())
-            if i in ours
-        ]
-        n = len(reqs)
-        reqs += [nl.no_ipv6_ll(i) for i in sorted(ours)]
-        for chunk in nl.chunks(reqs, 256):
-            self.nl().batch(chunk)
-        return n
-
-    def user_ports(self) -> dict[int, int]:
-        """vni -> number of pod ports in that user's bridge."""
-        links = nl.links(self.nl())
-        by_index = {int(v["index"]): k for k, v in links.items()}
-        out: dict[int, int] = {}
-        for name in links:
-            if name.startswith("pnbr") and name[4:].isdigit():
-                out.setdefault(int(name[4:]), 0)
-        for name, info in links.items():
-            master = by_index.get(int(info["master"] or 0), "")
-            if is_veth_name(name) and master.startswith("pnbr") and master[4:].isdigit():
-                out[int(master[4:])] = out.get(int(master[4:]), 0) + 1
-        return out
 
     # -- pods --------------------------------------------------------------------------
     def netns_path(self, name: str) -> Path:
@@ -292,11 +137,11 @@ class Dataplane:
         existing namespace (a runtime's), bound on the pod's file instead of a new one."""
 
         path = self.netns_path(name)
-        spare = self._take_spare(mtu) if netns_fd < 0 and ifname == SPARE_IFNAME else None
+        spare = self.spares.take(mtu) if netns_fd < 0 and ifname == SPARE_IFNAME else None
         if spare is not None:
             return self._new_from_spare(name, path, spare, bridge_index, foreign)
         if netns_fd < 0:
-            pod_nl = self.host.create(path, _inside_new_netns)
+            pod_nl = self.host.create(path, inside_new_netns)
         else:
             pod_nl = _bind(self.host, path, netns_fd)
         veth = new_veth_name()
@@ -309,13 +154,13 @@ class Dataplane:
             try:
                 self.nl().batch(
                     [
-                        nl.veth(veth, ifname, fd, mtu, bridge_index, PLACEHOLDER_MAC),
-                        *nl.host_link_up(veth),
+                        nlreq.veth(veth, ifname, fd, mtu, bridge_index, PLACEHOLDER_MAC),
+                        *nlreq.host_link_up(veth),
                     ]
                 )
             finally:
                 os.close(fd)
-            eth0, lo = nl.ifindex(pod_nl, ifname), nl.ifindex(pod_nl, "lo")
+            eth0, lo = nlquery.ifindex(pod_nl, ifname), nlquery.ifindex(pod_nl, "lo")
             return NewNetns(name, pod_nl, veth, eth0, lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
@@ -327,107 +172,21 @@ class Dataplane:
     ) -> NewNetns:
         """`new_netns` from a spare: its namespace on the pod's file, its veth's host end
         into the user's bridge and up."""
-        pod_nl = self._bind_spare(path, spare)
+        pod_nl = self.spares.bind(path, spare)
         try:
             if self.pidns is not None and not foreign:
                 self.pidns.create(name)
-            self.nl().batch([nl.enslave_up(spare.host_index, bridge_index)])
+            self.nl().batch([nlreq.enslave_up(spare.host_index, bridge_index)])
             return NewNetns(name, pod_nl, spare.veth, spare.eth0, spare.lo, bridge_index, foreign)
         except BaseException:
             pod_nl.close()
             self.remove_pod(name, None, spare.veth if foreign else "", pid_namespace=not foreign)
             raise
 
-    def _take_spare(self, mtu: int) -> Spare | None:
-        """A spare namespace for a pod of MTU `mtu`, if one is ready. The background thread
-        makes more once the pod is wired (`wire_pod`, `discard`: its veth would compete
-        with the pod's own netlink work for RTNL), or at once when none is left."""
-        stale: list[Spare] = []
-        with self._spare_lock:
-            if self._closed:
-                return None
-            if mtu != self._spare_mtu:  # the first pod (or another MTU): made anew
-                self._spare_mtu = mtu
-                stale, self._spares = self._spares, []
-            spare = self._spares.pop() if self._spares else None
-            if self._spare_thread is None:
-                self._spare_thread = threading.Thread(
-                    target=self._make_spares, name="spare-netns", daemon=True
-                )
-                self._spare_thread.start()
-            urgent = not self._spares
-        if urgent:
-            self._spare_wanted.set()
-        for s in stale:
-            s.close()
-        return spare
-
-    def _bind_spare(self, path: Path, spare: Spare) -> Socket:
-        """The spare namespace on the pod's file `path`; its socket (the fd is closed)."""
-        try:
-            netns.bind_fd(path, spare.fd)
-        except FileExistsError:
-            with self._spare_lock:  # the pod exists: the spare stays one
-                keep = not self._closed and spare.mtu == self._spare_mtu
-                if keep:
-                    self._spares.append(spare)
-            if not keep:
-                spare.close()
-            raise
-        except BaseException:
-            spare.close()
-            raise
-        os.close(spare.fd)  # the mount holds the namespace now
-        return spare.sock
-
-    def _make_spares(self) -> None:
-        """The background thread: keeps SPARE_NETNS namespaces ready."""
-        while True:
-            self._spare_wanted.wait()
-            self._spare_wanted.clear()
-            while True:
-                with self._spare_lock:
-                    if self._closed:
-                        return
-                    if len(self._spares) >= SPARE_NETNS:
-                        break
-                    mtu = self._spare_mtu
-                try:
-                    spare = self._new_spare(mtu)
-                except OSError as e:
-                    log.warning("spare network namespace not made: %s", e)
-                    break  # the pods make their own; tried again at the next pod
-                with self._spare_lock:
-                    if self._closed or mtu != self._spare_mtu:
-                        spare.close()
-                        if self._closed:
-                            return
-                        continue
-                    self._spares.append(spare)
-
-    def _new_spare(self, mtu: int) -> Spare:
-        """A namespace held by an fd, with its socket, sysctl and veth (module docstring)."""
-        fd, sock = self.host.spare(_inside_new_netns)
-        veth = new_veth_name()
-        try:
-            self.nl().batch(
-                [
-                    nl.veth(veth, SPARE_IFNAME, fd, mtu, 0, PLACEHOLDER_MAC),
-                    nl.host_link_off_ipv6(veth),
-                ]
-            )
-            host_index = nl.ifindex(self.nl(), veth)
-            eth0, lo = nl.ifindex(sock, SPARE_IFNAME), nl.ifindex(sock, "lo")
-        except BaseException:
-            sock.close()
-            os.close(fd)  # the veth goes with the namespace
-            raise
-        return Spare(fd, sock, veth, host_index, eth0, lo, mtu)
-
     def discard(self, ns: NewNetns) -> None:
         """Undo `new_netns` (the allocation failed); a foreign namespace lives on, without
         the veth."""
-        self._spare_wanted.set()  # as after wire_pod (_take_spare)
+        self.spares.want()  # as after wire_pod (`Spares.take`)
         ns.nl.close()
         if ns.foreign:
             self.remove_pod(ns.name, None, ns.veth, pid_namespace=False)
@@ -442,16 +201,16 @@ class Dataplane:
         try:
             ns.nl.batch(
                 [
-                    nl.link_up(ns.lo),
-                    nl.addr(ns.eth0, spec.ip, spec.prefix),
-                    nl.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
-                    nl.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
-                    nl.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
-                    nl.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
+                    nlreq.link_up(ns.lo),
+                    nlreq.addr(ns.eth0, spec.ip, spec.prefix),
+                    nlreq.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
+                    nlreq.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
+                    nlreq.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
+                    nlreq.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
                 ]
             )
             self.nl().batch(
-                [nl.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
+                [nlreq.route(spec.ip, 32, oif=ns.bridge, scope=nl.RT_SCOPE_LINK, replace=True)]
             )
             if ns.resolv != (search, dns_servers):
                 self.write_resolv(spec.name, search, dns_servers)
@@ -462,7 +221,7 @@ class Dataplane:
             )
             raise
         finally:
-            self._spare_wanted.set()  # the pod's netlink work is done: refill (_take_spare)
+            self.spares.want()  # the pod's netlink work is done: refill (`Spares.take`)
         ns.nl.close()
         return ns.veth
 
@@ -491,13 +250,13 @@ class Dataplane:
         pod has none of podnet's (a container)."""
         if veth:
             with contextlib.suppress(nl.NetlinkError):
-                self.nl().batch([nl.del_link_named(veth)])
+                self.nl().batch([nlreq.del_link_named(veth)])
         existed = netns.remove(self.netns_path(name))
         if self.pidns is not None and pid_namespace:
             self.pidns.remove(name)
         if ip:
             try:
-                self.nl().batch([nl.route(ip, 32, delete=True)])
+                self.nl().batch([nlreq.route(ip, 32, delete=True)])
             except nl.NetlinkError as e:
                 if e.errno not in (errno.ESRCH, errno.ENOENT):
                     raise
@@ -541,13 +300,13 @@ class Dataplane:
         except OSError:
             return None
         try:
-            eth0 = nl.links(pod_nl).get(ifname)
+            eth0 = nlquery.links(pod_nl).get(ifname)
         finally:
             pod_nl.close()
         if not eth0:
             return None
         peer = eth0.get("link")
-        for lname, info in nl.links(self.nl()).items():
+        for lname, info in nlquery.links(self.nl()).items():
             if is_veth_name(lname) and peer and int(info["index"]) == int(peer):
                 return lname
         return None
@@ -556,7 +315,7 @@ class Dataplane:
         """How a pod's interface differs from what `new_netns` + `wire_pod` made (empty:
         nothing): its host end and bridge, its interface and address inside."""
         problems = []
-        host = nl.links(self.nl()).get(veth)
+        host = nlquery.links(self.nl()).get(veth)
         bridge = self.user_bridge(vni)
         if host is None:
             problems.append(f"host end {veth} is missing")
@@ -568,10 +327,10 @@ class Dataplane:
             problems.append(f"the container's network namespace is gone ({e.strerror})")
             return problems
         try:
-            if ifname not in nl.links(inner):
+            if ifname not in nlquery.links(inner):
                 problems.append(f"interface {ifname} is missing in the container")
             else:
-                have = nl.first_ipv4(inner, ifname)
+                have = nlquery.first_ipv4(inner, ifname)
                 if have != ip:
                     problems.append(f"{ifname} has address {have}, not {ip}")
         finally:
@@ -581,8 +340,8 @@ class Dataplane:
     def remove_pod_routes_except(self, keep: set[str]) -> None:
         """Delete our /32 pod routes whose pod is not in `keep` (reconcile)."""
         reqs = [
-            nl.route(d, 32, delete=True)
-            for d, plen, _o, gw, _t in nl.podnet_routes(self.nl())
+            nlreq.route(d, 32, delete=True)
+            for d, plen, _o, gw, _t in nlquery.podnet_routes(self.nl())
             if plen == 32 and not gw and d not in keep
         ]
         for chunk in nl.chunks(reqs, 256):
@@ -590,9 +349,9 @@ class Dataplane:
 
     def set_pod_routes(self, pods: dict[str, int]) -> None:
         """(Re)install the /32 route of each local pod (ip -> vni) on its user's bridge."""
-        links = nl.links(self.nl())
+        links = nlquery.links(self.nl())
         reqs = [
-            nl.route(
+            nlreq.route(
                 ip,
                 32,
                 oif=int(links[bridge_name(vni)]["index"]),
@@ -605,66 +364,16 @@ class Dataplane:
         for chunk in nl.chunks(reqs, 256):
             self.nl().batch(chunk)
 
-    # -- routes to other nodes' address blocks ----------------------------------------
-    def set_block_routes(self, routes: dict[str, str], local_blocks: set[str]) -> None:
-        """Routes `block -> node underlay IP` for other nodes' blocks (exactly these)."""
-        have = {
-            (f"{d}/{plen}"): gw
-            for d, plen, _oif, gw, _t in nl.podnet_routes(self.nl())
-            if plen < 32 and gw
-        }
-        want = {
-            b: gw for b, gw in routes.items() if b not in local_blocks and gw != self.underlay_ip
-        }
-        reqs = []
-        for b, gw in want.items():
-            if have.get(b) != gw:
-                net = ipaddress.IPv4Network(b)
-                reqs.append(
-                    nl.route(
-                        str(net.network_address),
-                        net.prefixlen,
-                        gateway=gw,
-                        oif=self.underlay_index,
-                        replace=True,
-                    )
-                )
-        for b in have:
-            if b not in want:
-                net = ipaddress.IPv4Network(b)
-                reqs.append(nl.route(str(net.network_address), net.prefixlen, delete=True))
-        for chunk in nl.chunks(reqs, 256):
-            self.nl().batch(chunk)
-
     def close(self) -> None:
-        with self._spare_lock:
-            self._closed = True
-            spares, self._spares = self._spares, []
-        self._spare_wanted.set()
-        for spare in spares:
-            spare.close()
+        self.spares.close()
         sock: nl.Netlink | None = getattr(self._tls, "nl", None)
         if sock is not None:
             sock.close()
 
 
-def _inside_new_netns() -> nl.Netlink:
-    """What a new pod namespace gets, run inside it: its netlink socket, unprivileged ping
-    (in a fakeroot container too, whose root is a user here) and ports below 1024 for its
-    user (a pod is one user's alone, as a container's network is: HPK's DNS for Service
-    names listens on port 53 of the user's control plane pod, docs/hpk.md). Best effort:
-    read-only /proc/sys/net."""
-    sock = nl.Netlink()
-    with contextlib.suppress(OSError):
-        netns.write_sysctl("net.ipv4.ping_group_range", "0 2147483647")
-    with contextlib.suppress(OSError):
-        netns.write_sysctl("net.ipv4.ip_unprivileged_port_start", "0")
-    return sock
-
-
 def _has_link(sock: nl.Netlink, name: str) -> bool:
     try:
-        nl.ifindex(sock, name)
+        nlquery.ifindex(sock, name)
     except OSError as e:
         if e.errno == errno.ENODEV:
             return False

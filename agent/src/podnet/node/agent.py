@@ -8,7 +8,8 @@
 * `etcd_sync.EtcdSync`: etcd watches -> IPAM view, routes, FDB, firewall sets;
 * `sessions.LoginSessions`: which processes hold each login pod; `NodeLease`: the lease;
 * `reconcile.Reconciler`: adopt at start, garbage collection while running;
-* `containers.Containers`: containers on their owner's network (the CNI plugin).
+* `containers.Containers`: containers on their owner's network (the CNI plugin);
+* `quotaview.QuotaView`: whom the quotas limit, a login pod's limits, a user's usage.
 
 Operations are idempotent: `job_up` twice returns the same pod, `job_down` of a missing
 job is a no-op. Work for one user is serialized by that user's lock; the pod table's
@@ -39,6 +40,7 @@ from podnet.names import Keys, job_label, job_netns, login_netns
 from podnet.node.containers import Containers
 from podnet.node.plane import NodePlane
 from podnet.node.pods import Pod, PodTable, job_search, search_of
+from podnet.node.quotaview import QuotaView
 from podnet.node.sessions import LoginSessions
 from podnet.state import publish, quota
 from podnet.state.alloc import AllocError, Job
@@ -70,6 +72,7 @@ class Agent:
         self._plane: NodePlane | None = None
         #: the quotas (the cluster configuration's, followed while running)
         self.quotas = quota.LiveLimits(self.etcd, self.keys)
+        self.quota = QuotaView(cfg, self.quotas, self.etcd, self.keys)
 
     @property
     def plane(self) -> NodePlane:
@@ -323,7 +326,7 @@ class Agent:
             vni, bri = r.nets.ensure(user, uid)
             try:
                 ip, slots = r.alloc.allocate_login(
-                    self.cfg.node, user, uid, vni, r.lease.id, self.login_limits(uid)
+                    self.cfg.node, user, uid, vni, r.lease.id, self.quota.login_limits(uid)
                 )
             except AllocError as e:
                 r.nets.release(vni, uid)
@@ -339,55 +342,10 @@ class Agent:
             self.pods.add(pod)
         return pod
 
-    # -- quotas (state/quota.py) -------------------------------------------------------
-    def limited(self, uid: int) -> bool:
-        """Whether quotas apply to `uid`: not to root nor to the node's host_users."""
-        return uid != 0 and uid not in self.cfg.host_uids
-
-    def login_limits(self, uid: int) -> dict[str, int] | None:
-        """The cluster-wide limits a login pod of `uid` counts against (None: none)."""
-        if not self.limited(uid):
-            return None
-        q = self.quotas.get()
-        return {"logins": q.logins, "addresses": q.addresses}
-
+    # -- quotas (state/quota.py, node/quotaview.py) ------------------------------------
     def quota_usage(self, uid: int) -> dict[str, Any]:
         """What `uid` holds against each quota (`podnet status`)."""
-        try:
-            user = pwd.getpwuid(uid).pw_name
-        except KeyError:
-            raise PodnetError("EINVAL", f"uid {uid} has no user name") from None
-        if not self.limited(uid):
-            return {"user": user, "limited": False, "limits": []}
-        q = self.quotas.get()
-        used = self.plane.alloc.slots.usage(user, ("containers", "addresses", "logins"))
-        here = sum(1 for p in self.pods.all(uid) if p.kind == "container")
-        rows = [
-            ("containers_per_node", q.containers_per_node, here, self.cfg.node),
-            ("containers", q.containers, used["containers"], ""),
-            ("logins", q.logins, used["logins"], ""),
-            ("addresses", q.addresses, used["addresses"], ""),
-        ]
-        published = self._published_quota(user)
-        if published is not None:
-            rows.append(("published", *published, ""))
-        return {
-            "user": user,
-            "limited": True,
-            "limits": [
-                {"limit": k, "label": quota.LABELS[k], "value": v, "held": h, "node": n}
-                for k, v, h, n in rows
-            ],
-        }
-
-    def _published_quota(self, user: str) -> tuple[int, int] | None:
-        """(limit, held) of published ports; None without a gateway."""
-        try:
-            publish.gateway_config(self.etcd, self.keys)
-            limit = publish.limit_of(self.etcd, self.keys, user)
-        except PodnetError:
-            return None
-        return limit, len(self.plane.alloc.slots.live(user, "published"))
+        return self.quota.usage(uid, lambda: self.plane.alloc.slots, self.pods)
 
     def login_release(self, uid: int) -> bool:
         r = self.plane

@@ -43,16 +43,8 @@ from podnet.names import Keys, block_from_key
 from podnet.node.pods import PodTable
 from podnet.node.view import ClusterView, SyncQueue
 from podnet.state.alloc import Allocator, Job
-from podnet.state.store import (
-    KV,
-    Etcd,
-    EtcdRequestError,
-    EtcdUnavailable,
-    cmp_mod,
-    json_dumps,
-    op_get,
-    op_put,
-)
+from podnet.state.etcdops import KV, cmp_mod, json_dumps, op_get, op_put
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.sync")
 

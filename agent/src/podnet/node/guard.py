@@ -28,16 +28,8 @@ from typing import Any
 from podnet.names import Keys
 from podnet.node.pods import PodTable
 from podnet.state.alloc import Allocator, Job, name_owner
-from podnet.state.store import (
-    Etcd,
-    EtcdRequestError,
-    EtcdUnavailable,
-    cmp_present,
-    cmp_value,
-    json_dumps,
-    op_get,
-    op_put,
-)
+from podnet.state.etcdops import cmp_present, cmp_value, json_dumps, op_get, op_put
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.guard")
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from podnet.config import ClusterConfig, NodeConfig
-from podnet.kernel import nl
+from podnet.kernel import nl, nlquery
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.firewall import Firewall
 from podnet.names import Keys, job_netns
@@ -282,7 +282,7 @@ class Reconciler:
         except OSError:
             return None
         try:
-            return nl.first_ipv4(sock, "eth0")
+            return nlquery.first_ipv4(sock, "eth0")
         finally:
             sock.close()
 

@@ -19,13 +19,8 @@ from pathlib import Path
 
 from podnet import __version__
 from podnet.names import Keys
-from podnet.state.store import (
-    Etcd,
-    EtcdPermissionDenied,
-    EtcdRequestError,
-    EtcdUnavailable,
-    json_dumps,
-)
+from podnet.state.etcdops import json_dumps
+from podnet.state.store import Etcd, EtcdPermissionDenied, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.lease")
 

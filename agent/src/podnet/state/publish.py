@@ -21,9 +21,10 @@ from typing import Any
 from podnet.errors import PodnetError
 from podnet.names import Keys, job_label
 from podnet.policy_format import PolicyError
+from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_get, op_put
 from podnet.state.gwpolicy import Policy, parse_policy, publish_max
 from podnet.state.quota import Slots, slots_of
-from podnet.state.store import Etcd, cmp_absent, cmp_value, op_delete, op_get, op_put
+from podnet.state.store import Etcd
 
 #: transactions per port before giving up on it (each loses only to another request)
 MAX_ATTEMPTS = 20

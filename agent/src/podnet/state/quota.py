@@ -33,18 +33,8 @@ from typing import Any
 from podnet.config import ClusterConfig, ConfigError
 from podnet.errors import PodnetError
 from podnet.names import Keys
-from podnet.state.store import (
-    KV,
-    Etcd,
-    EtcdRequestError,
-    EtcdUnavailable,
-    cmp_absent,
-    cmp_mod,
-    json_dumps,
-    op_delete,
-    op_get,
-    op_put,
-)
+from podnet.state.etcdops import KV, cmp_absent, cmp_mod, json_dumps, op_delete, op_get, op_put
+from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.quota")
 

@@ -8,10 +8,9 @@ with its own permissions (docs/security.md, "etcd authentication"). Proxy variab
 not read. Messages come from etcd's own .proto files (`podnet.state.etcdpb`). Endpoints are
 tried in order; a failing endpoint is moved to the back.
 
-Watches share one Watch stream per client (`Watches`): every `watch_prefix` is one watcher
-on it, resumed from its next revision after a reconnect (the stream carries the
-`hasleader` metadata, so a member cut off from its cluster ends it and another endpoint is
-used), and re-listed through `resync` when etcd compacted the revision it needs.
+This module is the client: channels, endpoints and retries, the calls and the errors they
+raise. What a request says (messages, `op_*`, `cmp_*`, `KV`, `TxnResult`) is in
+`podnet.state.etcdops`; the shared Watch stream (`Watches`) in `podnet.state.etcdwatch`.
 
 Why this client and not another: docs/dependencies.md ("etcd client"), with the measured
 CPU per request on both sides.
@@ -19,55 +18,48 @@ CPU per request on both sides.
 
 from __future__ import annotations
 
-import contextlib
-import itertools
-import json
 import logging
-import queue
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import grpc
 
 from podnet.config import NodeConfig
-from podnet.state.etcdpb import message
+from podnet.state.etcdops import (
+    KV,
+    DeleteRangeRequest,
+    DeleteRangeResponse,
+    LeaseGrantRequest,
+    LeaseGrantResponse,
+    LeaseKeepAliveRequest,
+    LeaseKeepAliveResponse,
+    LeaseRevokeRequest,
+    LeaseRevokeResponse,
+    LeaseTimeToLiveRequest,
+    LeaseTimeToLiveResponse,
+    PutRequest,
+    PutResponse,
+    RangeRequest,
+    RangeResponse,
+    StatusRequest,
+    StatusResponse,
+    TxnRequest,
+    TxnResponse,
+    TxnResult,
+    WatchRequest,
+    WatchResponse,
+    kv_of,
+    op_delete,
+    op_put,
+    prefix_end,
+)
+from podnet.state.etcdwatch import Watcher, Watches
 
 log = logging.getLogger("podnet.store")
-
-# -- messages ---------------------------------------------------------------------------
-RangeRequest = message("etcdserverpb.RangeRequest")
-RangeResponse = message("etcdserverpb.RangeResponse")
-PutRequest = message("etcdserverpb.PutRequest")
-PutResponse = message("etcdserverpb.PutResponse")
-DeleteRangeRequest = message("etcdserverpb.DeleteRangeRequest")
-DeleteRangeResponse = message("etcdserverpb.DeleteRangeResponse")
-TxnRequest = message("etcdserverpb.TxnRequest")
-TxnResponse = message("etcdserverpb.TxnResponse")
-Compare = message("etcdserverpb.Compare")
-RequestOp = message("etcdserverpb.RequestOp")
-WatchRequest = message("etcdserverpb.WatchRequest")
-WatchResponse = message("etcdserverpb.WatchResponse")
-LeaseGrantRequest = message("etcdserverpb.LeaseGrantRequest")
-LeaseGrantResponse = message("etcdserverpb.LeaseGrantResponse")
-LeaseRevokeRequest = message("etcdserverpb.LeaseRevokeRequest")
-LeaseRevokeResponse = message("etcdserverpb.LeaseRevokeResponse")
-LeaseKeepAliveRequest = message("etcdserverpb.LeaseKeepAliveRequest")
-LeaseKeepAliveResponse = message("etcdserverpb.LeaseKeepAliveResponse")
-LeaseTimeToLiveRequest = message("etcdserverpb.LeaseTimeToLiveRequest")
-LeaseTimeToLiveResponse = message("etcdserverpb.LeaseTimeToLiveResponse")
-StatusRequest = message("etcdserverpb.StatusRequest")
-StatusResponse = message("etcdserverpb.StatusResponse")
-
-# Compare.target / Compare.result (rpc.proto)
-_VERSION, _CREATE, _MOD, _VALUE = 0, 1, 2, 3
-_EQUAL, _GREATER = 0, 1
-#: mvccpb.Event.type
-_DELETE = 1
 
 _UNARY: dict[str, tuple[Any, Any]] = {
     "/etcdserverpb.KV/Range": (RangeRequest, RangeResponse),
@@ -116,100 +108,6 @@ class EtcdRequestError(Exception):
 
 class EtcdPermissionDenied(EtcdRequestError):
     """etcd's authentication refused the request (this certificate's user may not)."""
-
-
-def _prefix_end(prefix: bytes) -> bytes:
-    """The end of the key range of every key that starts with `prefix`."""
-    b = bytearray(prefix)
-    b[-1] += 1
-    return bytes(b)
-
-
-@dataclass
-class KV:
-    key: str
-    value: str
-    create_revision: int
-    mod_revision: int
-    lease: int = 0
-
-    def json(self) -> Any:
-        return json.loads(self.value)
-
-
-def _kv(m: Any) -> KV:
-    return KV(m.key.decode(), m.value.decode(), m.create_revision, m.mod_revision, m.lease)
-
-
-_COMPACT = json.JSONEncoder(separators=(",", ":"))
-
-
-def json_dumps(value: Any) -> str:
-    """The exact text op_put stores for a JSON value (for VALUE comparisons); one encoder
-    (json.dumps with separators makes a new one per call: a 1000-node job puts 5000 keys)."""
-    return _COMPACT.encode(value)
-
-
-# -- transaction builders -----------------------------------------------------------------
-def op_put(key: str, value: Any, lease: int = 0) -> Any:
-    v = value if isinstance(value, str) else json_dumps(value)
-    return RequestOp(request_put=PutRequest(key=key.encode(), value=v.encode(), lease=lease))
-
-
-def op_delete(key: str, prefix: bool = False) -> Any:
-    k = key.encode()
-    return RequestOp(
-        request_delete_range=DeleteRangeRequest(key=k, range_end=_prefix_end(k) if prefix else b"")
-    )
-
-
-def op_get(key: str, prefix: bool = False) -> Any:
-    k = key.encode()
-    return RequestOp(request_range=RangeRequest(key=k, range_end=_prefix_end(k) if prefix else b""))
-
-
-def op_keys(prefix: str) -> Any:
-    """The keys under `prefix`, without their values (read with `TxnResult.range_kvs`)."""
-    k = prefix.encode()
-    return RequestOp(request_range=RangeRequest(key=k, range_end=_prefix_end(k), keys_only=True))
-
-
-def op_count(prefix: str) -> Any:
-    """Count the keys under `prefix` (read with `TxnResult.range_count`)."""
-    k = prefix.encode()
-    return RequestOp(request_range=RangeRequest(key=k, range_end=_prefix_end(k), count_only=True))
-
-
-def cmp_value(key: str, value: str) -> Any:
-    """The key exists and holds exactly `value`."""
-    return Compare(key=key.encode(), target=_VALUE, result=_EQUAL, value=value.encode())
-
-
-def cmp_absent(key: str) -> Any:
-    return Compare(key=key.encode(), target=_CREATE, result=_EQUAL, create_revision=0)
-
-
-def cmp_present(key: str) -> Any:
-    """The key exists."""
-    return Compare(key=key.encode(), target=_VERSION, result=_GREATER, version=0)
-
-
-def cmp_mod(key: str, revision: int) -> Any:
-    """The key was last written at `revision` (0: the key is absent)."""
-    return Compare(key=key.encode(), target=_MOD, result=_EQUAL, mod_revision=revision)
-
-
-@dataclass
-class TxnResult:
-    succeeded: bool
-    revision: int
-    responses: list[Any] = field(default_factory=list)
-
-    def range_kvs(self, i: int) -> list[KV]:
-        return [_kv(k) for k in self.responses[i].response_range.kvs]
-
-    def range_count(self, i: int) -> int:
-        return int(self.responses[i].response_range.count)
 
 
 def _target(endpoint: str) -> tuple[str, bool]:
@@ -352,7 +250,7 @@ class Etcd:
         r = self.call(
             "/etcdserverpb.KV/Range", RangeRequest(key=key.encode(), serializable=serializable)
         )
-        return _kv(r.kvs[0]) if r.kvs else None
+        return kv_of(r.kvs[0]) if r.kvs else None
 
     def get_or_wait(self, key: str, timeout: float) -> KV | None:
         """`key`'s value, waiting up to `timeout` seconds for someone to write it: a
@@ -360,7 +258,7 @@ class Etcd:
         the revision after the read, gone at the first put or at the deadline."""
         r = self.call("/etcdserverpb.KV/Range", RangeRequest(key=key.encode(), serializable=True))
         if r.kvs:
-            return _kv(r.kvs[0])
+            return kv_of(r.kvs[0])
         got: list[KV] = []
         seen = threading.Event()
 
@@ -384,10 +282,10 @@ class Etcd:
         k = prefix.encode()
         r = self.call(
             "/etcdserverpb.KV/Range",
-            RangeRequest(key=k, range_end=_prefix_end(k), keys_only=keys_only),
+            RangeRequest(key=k, range_end=prefix_end(k), keys_only=keys_only),
             timeout=max(self.timeout, 30.0),
         )
-        return [_kv(m) for m in r.kvs], int(r.header.revision)
+        return [kv_of(m) for m in r.kvs], int(r.header.revision)
 
     def put(self, key: str, value: Any, lease: int = 0) -> int:
         r = self.call("/etcdserverpb.KV/Put", op_put(key, value, lease).request_put)
@@ -497,7 +395,7 @@ class Etcd:
         continue after. `stop`, once set, ends the watcher.
         """
         k = prefix.encode()
-        return self.watches.add(prefix, _prefix_end(k), start_revision, callback, resync, stop)
+        return self.watches.add(prefix, prefix_end(k), start_revision, callback, resync, stop)
 
 
 def request_error(what: str, code: grpc.StatusCode, details: str) -> EtcdRequestError:
@@ -510,170 +408,3 @@ def too_large(e: Exception) -> bool:
     """etcd refused a transaction for its size (ops or bytes): smaller ones may pass."""
     text = str(e)
     return "too many operations" in text or "request is too large" in text
-
-
-# -- the watch stream ---------------------------------------------------------------------
-@dataclass(eq=False)
-class Watcher:
-    key: str
-    range_end: bytes | None
-    next_rev: int
-    callback: Callable[[str, str, KV | None], None]
-    resync: Callable[[], int]
-    stop: threading.Event | None = None
-    id: int = 0
-    #: set once etcd confirmed the watcher (events after its start revision follow)
-    created: threading.Event = field(default_factory=threading.Event)
-
-    def create_request(self) -> Any:
-        return WatchRequest(
-            create_request={
-                "key": self.key.encode(),
-                "range_end": self.range_end or b"",
-                "start_revision": self.next_rev,
-                "progress_notify": True,
-                "watch_id": self.id,
-            }
-        )
-
-
-_CLOSE = object()
-
-
-class Watches:
-    """All watchers of one client on one Watch stream, kept open by a thread."""
-
-    def __init__(self, etcd: Etcd) -> None:
-        self.etcd = etcd
-        self._lock = threading.Lock()
-        self._watchers: dict[int, Watcher] = {}
-        self._ids = itertools.count(1)
-        self._queue: queue.Queue[Any] | None = None  # the open stream's requests
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="etcd watch", daemon=True)
-        self._thread.start()
-
-    def add(
-        self,
-        key: str,
-        range_end: bytes | None,
-        start_revision: int,
-        callback: Callable[[str, str, KV | None], None],
-        resync: Callable[[], int],
-        stop: threading.Event | None = None,
-    ) -> Watcher:
-        w = Watcher(key, range_end, start_revision + 1, callback, resync, stop)
-        with self._lock:
-            w.id = next(self._ids)
-            self._watchers[w.id] = w
-            if self._queue is not None:
-                self._queue.put(w.create_request())
-        return w
-
-    def cancel(self, w: Watcher) -> None:
-        with self._lock:
-            if self._watchers.pop(w.id, None) is not None and self._queue is not None:
-                self._queue.put(WatchRequest(cancel_request={"watch_id": w.id}))
-
-    def close(self) -> None:
-        self._closed.set()
-        with self._lock:
-            if self._queue is not None:
-                self._queue.put(_CLOSE)
-
-    def _requests(self, q: queue.Queue[Any]) -> Iterator[Any]:
-        while True:
-            item = q.get()
-            if item is _CLOSE:
-                return
-            yield item
-
-    def _run(self) -> None:
-        while not self._closed.is_set():
-            ep = self.etcd.first_endpoint()
-            q: queue.Queue[Any] = queue.Queue()
-            with self._lock:
-                self._queue = q
-                for w in self._watchers.values():
-                    q.put(w.create_request())
-            call = self.etcd._method(ep, "/etcdserverpb.Watch/Watch")(
-                self._requests(q), metadata=(("hasleader", "true"),)
-            )
-            try:
-                for resp in call:
-                    self._dispatch(resp)
-                    if self._closed.is_set():
-                        break
-            except grpc.RpcError as e:
-                if self._closed.is_set():
-                    break
-                log.debug("watch stream to %s: %s; reconnecting", ep, e.details() or e.code())
-                self.etcd.count_error()
-                self.etcd.demote(ep)
-            finally:
-                with self._lock:
-                    self._queue = None
-                q.put(_CLOSE)
-                call.cancel()
-            self._closed.wait(0.5)
-
-    def _dispatch(self, resp: Any) -> None:
-        with self._lock:
-            w = self._watchers.get(resp.watch_id)
-        if w is None:
-            return
-        if w.stop is not None and w.stop.is_set():
-            self.cancel(w)
-            return
-        if resp.canceled:
-            self._canceled(w, resp)
-            return
-        if resp.created:
-            w.created.set()
-        try:
-            for ev in resp.events:
-                kv = _kv(ev.kv)
-                if ev.type == _DELETE:
-                    w.callback("delete", kv.key, None)
-                else:
-                    w.callback("put", kv.key, kv)
-                w.next_rev = max(w.next_rev, ev.kv.mod_revision + 1)
-        except Exception:  # a callback bug must not end the watch for good
-            log.exception("watch %s: callback failed; resynchronising", w.key)
-            self._restart(w, self._resync(w))
-            return
-        if not resp.events and not resp.created and resp.header.revision:
-            w.next_rev = max(w.next_rev, resp.header.revision + 1)  # progress notification
-
-    def _canceled(self, w: Watcher, resp: Any) -> None:
-        if resp.compact_revision > 0:
-            log.info("watch %s: revision %d compacted: re-listing", w.key, w.next_rev)
-            self._restart(w, self._resync(w))
-            return
-        log.warning("watch %s canceled by etcd: %s; again in 1 s", w.key, resp.cancel_reason)
-        self.etcd.count_error()
-        threading.Timer(1.0, self._restart, (w, w.next_rev)).start()
-
-    def _resync(self, w: Watcher) -> int:
-        while not self._closed.is_set():
-            try:
-                return w.resync() + 1
-            except Exception:
-                log.exception("watch %s: resync failed; again in 1 s", w.key)
-                self._closed.wait(1.0)
-        return w.next_rev
-
-    def _restart(self, w: Watcher, rev: int) -> None:
-        with self._lock:
-            if self._watchers.get(w.id) is not w:
-                return
-            w.next_rev = rev
-            # a new id: the old one may still be open on the server (a failed callback)
-            with contextlib.suppress(Exception):
-                if self._queue is not None:
-                    self._queue.put(WatchRequest(cancel_request={"watch_id": w.id}))
-            del self._watchers[w.id]
-            w.id = next(self._ids)
-            self._watchers[w.id] = w
-            if self._queue is not None:
-                self._queue.put(w.create_request())

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podnet.names import Keys, block_from_key
-from podnet.state import quota, store
+from podnet.state import etcdops, quota
 from podnet.state.alloc.common import MAX_ATTEMPTS, AllocError, JobRecords, NoAddress, log
+from podnet.state.etcdops import KV, cmp_absent, op_put
 from podnet.state.ipam import Ipam, PoolExhausted
-from podnet.state.store import KV, Etcd, cmp_absent, op_put
+from podnet.state.store import Etcd
 
 
 @dataclass
@@ -117,7 +118,7 @@ class AllocatorBase:
         node: str,
         records: Callable[[str], tuple[list[Any], list[Any]]],
         reads: list[Any],
-    ) -> tuple[str | None, store.TxnResult]:
+    ) -> tuple[str | None, etcdops.TxnResult]:
         """One attempt at an address of `node`'s blocks (claiming a block if they are full)
         and its records (`records(ip)`: what else to compare, what to put), in one
         transaction that creates the address if absent; (the address, or None when the

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from podnet.state import store
+from podnet.state import etcdops
 
 log = logging.getLogger("podnet.alloc")
 
@@ -125,7 +125,7 @@ class JobRecords:
 
 def name_owner(job_id: int) -> str:
     """Value of `names/<user>/<label>`: the job that owns the name (compared verbatim)."""
-    return store.json_dumps({"job_id": job_id})
+    return etcdops.json_dumps({"job_id": job_id})
 
 
 def pause(attempt: int) -> None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from podnet.errors import PodnetError
 from podnet.names import ptr_key, zone_path
-from podnet.state import quota, store
+from podnet.state import etcdops, quota
 from podnet.state.alloc.base import AllocatorBase
 from podnet.state.alloc.common import RECORD_TTL, contended
-from podnet.state.store import cmp_absent, cmp_value, op_delete, op_get, op_put
+from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_get, op_put
 
 
 class ContainerAllocator(AllocatorBase):
@@ -156,4 +156,4 @@ def _label(dns_name: str) -> str:
 
 def container_owner(ns: str, node: str) -> str:
     """Value of `names/<user>/<label>` a container holds (compared verbatim)."""
-    return store.json_dumps({"container": ns, "node": node})
+    return etcdops.json_dumps({"container": ns, "node": node})

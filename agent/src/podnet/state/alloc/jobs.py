@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from podnet.names import job_label
-from podnet.state import store
+from podnet.state import etcdops, store
 from podnet.state.alloc.common import (
     MAX_ATTEMPTS,
     AllocError,
@@ -23,8 +23,8 @@ from podnet.state.alloc.common import (
     same_job,
 )
 from podnet.state.alloc.records import PodRecords
+from podnet.state.etcdops import KV, cmp_absent, cmp_value, op_delete, op_get, op_keys, op_put
 from podnet.state.ipam import PoolExhausted
-from podnet.state.store import KV, cmp_absent, cmp_value, op_delete, op_get, op_keys, op_put
 
 #: the nodes after the first that take over a job's allocation when it is late, in turn
 BACKUPS = 3
@@ -123,7 +123,7 @@ class JobAllocation(PodRecords):
         `LEADER_WAIT`)."""
         job_id, user, nodes, me = req.job_id, req.user, req.nodes, req.me
         job_key, lock = self.keys.job(job_id), self.keys.job_lock(job_id)
-        mine = store.json_dumps({"node": me, "at": time.time()})
+        mine = etcdops.json_dumps({"node": me, "at": time.time()})
         guard = [cmp_absent(lock)]
         for _attempt in range(MAX_ATTEMPTS):
             r = self.etcd.txn(
@@ -142,7 +142,7 @@ class JobAllocation(PodRecords):
             if existing is not None:
                 return same_job(existing, user, nodes)
             # the holder did not finish: take the lock from it (unless it moved meanwhile)
-            guard = [store.cmp_mod(lock, held[0].mod_revision)] if held else [cmp_absent(lock)]
+            guard = [etcdops.cmp_mod(lock, held[0].mod_revision)] if held else [cmp_absent(lock)]
         raise AllocError(f"could not allocate job {job_id} (contention)")
 
     def _allocate(self, req: _Request, lock: str | None) -> Job:

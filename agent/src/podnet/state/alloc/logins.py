@@ -9,7 +9,7 @@ from podnet.names import login_label, ptr_key, zone_path
 from podnet.state import quota
 from podnet.state.alloc.base import AllocatorBase
 from podnet.state.alloc.common import RECORD_TTL, contended
-from podnet.state.store import cmp_absent, op_delete, op_put
+from podnet.state.etcdops import cmp_absent, op_delete, op_put
 
 
 class LoginAllocator(AllocatorBase):

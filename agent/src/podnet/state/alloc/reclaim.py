@@ -19,7 +19,7 @@ from podnet.state.alloc.common import (
     same_job,
 )
 from podnet.state.alloc.records import PodRecords
-from podnet.state.store import cmp_absent, cmp_value, op_delete, op_put
+from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_put
 
 
 class JobReclaim(PodRecords):

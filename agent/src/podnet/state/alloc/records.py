@@ -9,10 +9,10 @@ import json
 from typing import Any
 
 from podnet.names import ptr_key, zone_path
-from podnet.state import store
+from podnet.state import etcdops, store
 from podnet.state.alloc.base import AllocatorBase
 from podnet.state.alloc.common import RECORD_TTL, Job, name_owner
-from podnet.state.store import cmp_value, op_count, op_delete, op_get, op_put
+from podnet.state.etcdops import cmp_value, op_count, op_delete, op_get, op_put
 
 
 class PodRecords(AllocatorBase):
@@ -67,7 +67,7 @@ class PodRecords(AllocatorBase):
         """Pod `index`'s DNS records (under the job name, the job id, the PTR) and its
         node's marker, as the allocating node writes them while the job owns its name."""
         named, (by_id, ptr, marker) = self._pod_records(job, index, node)
-        rec = store.json_dumps({"host": job.ips[index], "ttl": RECORD_TTL})
+        rec = etcdops.json_dumps({"host": job.ips[index], "ttl": RECORD_TTL})
         host = f"pod{index}.{job.job_id}.{job.user}.{self.zone}"
         return [
             op_put(named, rec),

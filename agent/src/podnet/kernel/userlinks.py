@@ -1,0 +1,185 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A user's network on this node, the part of `Dataplane` that is not one pod's: the
+user's bridge `pnbr<vni>` and VXLAN `pnvx<vni>` (made with the user's first pod, removed
+with the last), the VXLAN's FDB (flooding to the user's other nodes, unicast to remote
+pods), and the routes to other nodes' address blocks. podnet's host-side links carry no
+address, IPv4 or IPv6 (`scrub_host_links` removes an older podnetd's).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import threading
+
+from podnet.kernel import nl, nlquery, nlreq
+from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, vxlan_name
+
+#: a netlink socket (the name `nl` is a method inside UserLinks)
+Socket = nl.Netlink
+
+
+class UserLinks:
+    """Mixed into `Dataplane` (`podnet.kernel.dataplane`), which sets these attributes."""
+
+    underlay_ip: str
+    underlay_index: int
+    underlay_mtu: int
+    vxlan_port: int
+    #: vni -> bridge ifindex of users present here
+    bridges: dict[int, int]
+    #: user bridge/VXLAN creation and removal
+    lock: threading.Lock
+
+    def nl(self) -> Socket:
+        """This thread's rtnetlink socket in the daemon's netns (`Dataplane.nl`)."""
+        raise NotImplementedError
+
+    def ensure_user(self, vni: int, vteps: list[str]) -> int:
+        """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex.
+
+        The FDB of the VXLAN is set to exactly `vteps` (remote underlay IPs).
+        """
+        br, vx = bridge_name(vni), vxlan_name(vni)
+        with self.lock:
+            links = nlquery.links(self.nl())
+            if br not in links:
+                self.nl().batch(
+                    [nlreq.bridge(br, GATEWAY_MAC, self.underlay_mtu - 50), *nlreq.host_link_up(br)]
+                )
+                links = nlquery.links(self.nl())
+            else:  # no address: reconcile removed an older podnetd's (scrub_host_links)
+                self.nl().batch(nlreq.host_link_up(br))
+            bri = int(links[br]["index"])
+            if vx not in links:
+                self.nl().batch(
+                    [
+                        nlreq.vxlan(
+                            vx,
+                            vni,
+                            self.underlay_ip,
+                            self.underlay_index,
+                            self.vxlan_port,
+                            self.underlay_mtu - 50,
+                            bri,
+                        ),
+                        *nlreq.host_link_up(vx),
+                    ]
+                )
+                links = nlquery.links(self.nl())
+            self._set_fdb(int(links[vx]["index"]), vteps)
+            self.bridges[vni] = bri
+        return bri
+
+    def user_bridge(self, vni: int) -> int | None:
+        """The user's bridge index if this agent set it up (no netlink dump)."""
+        return self.bridges.get(vni)
+
+    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> bool:
+        """Make the user's FDB exactly `vteps` (flooding) and, unless None, `macs` (remote
+        pod MAC -> its node's underlay address: unicast to that node alone); False if the
+        user has no VXLAN here."""
+        with self.lock:
+            links = nlquery.links(self.nl())
+            vx = links.get(vxlan_name(vni))
+            if not vx:
+                return False
+            self._set_fdb(int(vx["index"]), vteps, macs)
+            return True
+
+    def _set_fdb(self, index: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
+        want = {v for v in vteps if v != self.underlay_ip}
+        have, unicast = nlquery.fdb_entries(self.nl(), index)
+        reqs = [nlreq.fdb_flood(index, v) for v in sorted(want - have)]
+        reqs += [nlreq.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
+        if macs is not None:
+            macs = {m: d for m, d in macs.items() if d != self.underlay_ip}
+            reqs += [
+                nlreq.fdb_unicast(index, m, d)
+                for m, d in sorted(macs.items())
+                if unicast.get(m) != d
+            ]
+            reqs += [
+                nlreq.fdb_unicast(index, m, d, delete=True)
+                for m, d in sorted(unicast.items())
+                if m not in macs
+            ]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+
+    def remove_user(self, vni: int) -> None:
+        with self.lock:
+            self.bridges.pop(vni, None)
+            links = nlquery.links(self.nl())
+            reqs = [
+                nlreq.del_link(int(links[n]["index"]), n)
+                for n in (vxlan_name(vni), bridge_name(vni))
+                if n in links
+            ]
+            if reqs:
+                self.nl().batch(reqs)
+
+    def scrub_host_links(self) -> int:
+        """Remove every address from podnet's host-side links and turn their IPv6 address
+        generation off (links made by an older podnetd carried the gateway address and an
+        fe80:: address); returns the number of addresses removed."""
+        links = nlquery.links(self.nl())
+        ours = {
+            int(v["index"]): k
+            for k, v in links.items()
+            if is_veth_name(k) or k.startswith(("pnbr", "pnvx"))
+        }
+        reqs = [
+            nlreq.del_addr(i, fam, ip, plen)
+            for i, fam, ip, plen in nlquery.addresses(self.nl())
+            if i in ours
+        ]
+        n = len(reqs)
+        reqs += [nlreq.no_ipv6_ll(i) for i in sorted(ours)]
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
+        return n
+
+    def user_ports(self) -> dict[int, int]:
+        """vni -> number of pod ports in that user's bridge."""
+        links = nlquery.links(self.nl())
+        by_index = {int(v["index"]): k for k, v in links.items()}
+        out: dict[int, int] = {}
+        for name in links:
+            if name.startswith("pnbr") and name[4:].isdigit():
+                out.setdefault(int(name[4:]), 0)
+        for name, info in links.items():
+            master = by_index.get(int(info["master"] or 0), "")
+            if is_veth_name(name) and master.startswith("pnbr") and master[4:].isdigit():
+                out[int(master[4:])] = out.get(int(master[4:]), 0) + 1
+        return out
+
+    # -- routes to other nodes' address blocks ----------------------------------------
+    def set_block_routes(self, routes: dict[str, str], local_blocks: set[str]) -> None:
+        """Routes `block -> node underlay IP` for other nodes' blocks (exactly these)."""
+        have = {
+            (f"{d}/{plen}"): gw
+            for d, plen, _oif, gw, _t in nlquery.podnet_routes(self.nl())
+            if plen < 32 and gw
+        }
+        want = {
+            b: gw for b, gw in routes.items() if b not in local_blocks and gw != self.underlay_ip
+        }
+        reqs = []
+        for b, gw in want.items():
+            if have.get(b) != gw:
+                net = ipaddress.IPv4Network(b)
+                reqs.append(
+                    nlreq.route(
+                        str(net.network_address),
+                        net.prefixlen,
+                        gateway=gw,
+                        oif=self.underlay_index,
+                        replace=True,
+                    )
+                )
+        for b in have:
+            if b not in want:
+                net = ipaddress.IPv4Network(b)
+                reqs.append(nlreq.route(str(net.network_address), net.prefixlen, delete=True))
+        for chunk in nl.chunks(reqs, 256):
+            self.nl().batch(chunk)
