@@ -101,6 +101,39 @@ def test_get_or_wait(etcd_cluster: EtcdCluster) -> None:
         w.close()
 
 
+def test_watch_lag_of_own_writes_only(etcd_cluster: EtcdCluster) -> None:
+    """The client measures its watch's lag on its own writes (podnet_etcd_watch_delay_seconds):
+    put, txn and delete each give one delay when their event arrives; another client's write
+    and a write no watch covers give none."""
+    p = etcd_cluster.pki
+    delays: list[float] = []
+    e = Etcd(
+        etcd_cluster.endpoints(),
+        str(p["ca"]),
+        str(p["admin_cert"]),
+        str(p["admin_key"]),
+        3.0,
+        observe_watch=delays.append,
+    )
+    other = client(etcd_cluster)
+    ev = Events()
+    try:
+        rev = e.put("/it/lag/0", "0")
+        e.watch_prefix("/it/lag/", rev, ev, lambda: 0)
+        e.put("/it/lag/1", "1")
+        e.txn([cmp_absent("/it/lag/2")], [op_put("/it/lag/2", "2"), op_put("/it/lag/3", "3")])
+        e.delete("/it/lag/1")
+        other.put("/it/lag/4", "4")
+        e.put("/it/elsewhere", "x")  # no watch of e covers it
+        assert len(ev.wait(5)) == 5
+        time.sleep(0.2)
+        assert len(delays) == 3, delays
+        assert all(0 <= d < 5 for d in delays), delays
+    finally:
+        e.close()
+        other.close()
+
+
 def test_watch_resumes_on_another_member_without_loss(etcd_cluster: EtcdCluster) -> None:
     e = client(etcd_cluster)  # m1 first
     w = client(etcd_cluster, names=["m2", "m3"])

@@ -37,6 +37,7 @@ class Agent:
     etcd: Errors = field(default_factory=Errors)
     setup_seconds: Histogram = field(default_factory=Histogram)
     etcd_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
+    watch_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
     records_restored: int = 0
     pool_blocks: tuple[int, int] = (0, 0)
     cfg: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(roles=["login"]))
@@ -84,6 +85,7 @@ def test_etcd_round_trips_errors_and_restored_records() -> None:
     assert got[("podnet_etcd_request_seconds_bucket", lab(le="0.0005"))] == 1
     assert got[("podnet_etcd_request_seconds_bucket", lab(le="0.0025"))] == 2
     assert got[("podnet_etcd_request_seconds_bucket", lab(le="+Inf"))] == 3
+    assert got[("podnet_etcd_watch_delay_seconds_count", lab())] == 0
 
 
 def test_failed_requests_by_op_and_code_and_quota_refusals_by_limit() -> None:

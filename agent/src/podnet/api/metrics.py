@@ -57,6 +57,9 @@ class Observed(Protocol):
     def etcd_seconds(self) -> Histogram: ...
 
     @property
+    def watch_seconds(self) -> Histogram: ...
+
+    @property
     def records_restored(self) -> int: ...
 
     @property
@@ -97,6 +100,11 @@ class AgentCollector:
             "podnet_etcd_request_seconds",
             "Round trip of podnetd's etcd requests (unary calls)",
             self.agent.etcd_seconds,
+        )
+        yield histogram_family(
+            "podnet_etcd_watch_delay_seconds",
+            "Delay from a write of podnetd's to its event on podnetd's etcd watch (watch lag)",
+            self.agent.watch_seconds,
         )
         yield histogram_family(
             "podnet_pod_setup_seconds",

@@ -61,7 +61,10 @@ class Agent:
         self.cfg = cfg
         self.keys = Keys(cfg.cluster)
         self.etcd_seconds = Histogram(ETCD_BUCKETS)
-        self.etcd = Etcd.of_node(cfg, observe=self.etcd_seconds.observe)
+        self.watch_seconds = Histogram(ETCD_BUCKETS)
+        self.etcd = Etcd.of_node(
+            cfg, observe=self.etcd_seconds.observe, observe_watch=self.watch_seconds.observe
+        )
         self.state = Path(cfg.state_dir)
         self.stop = threading.Event()
         self.pods = PodTable()

@@ -34,6 +34,8 @@ class Client(Protocol):
 
     def count_error(self) -> None: ...
 
+    def watched(self, revision: int) -> None: ...
+
     def _method(self, ep: str, path: str) -> Any: ...
 
 
@@ -162,6 +164,7 @@ class Watches:
                 else:
                     w.callback("put", kv.key, kv)
                 w.next_rev = max(w.next_rev, ev.kv.mod_revision + 1)
+                self.etcd.watched(ev.kv.mod_revision)
         except Exception:  # a callback bug must not end the watch for good
             log.exception("watch %s: callback failed; resynchronising", w.key)
             self._restart(w, self._resync(w))

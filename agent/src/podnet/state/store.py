@@ -119,6 +119,16 @@ def _target(endpoint: str) -> tuple[str, bool]:
     return f"{host}:{u.port or 2379}", u.scheme == "https"
 
 
+#: writes remembered for the watch lag (revisions no watch of this client covers age out)
+WRITTEN_MAX = 1024
+
+
+def _bounded_put(d: dict[int, float], key: int, value: float) -> None:
+    d[key] = value
+    while len(d) > WRITTEN_MAX:
+        del d[next(iter(d))]
+
+
 class Etcd:
     def __init__(
         self,
@@ -128,8 +138,11 @@ class Etcd:
         key: str | None,
         timeout: float = 5.0,
         observe: Callable[[float], None] | None = None,
+        observe_watch: Callable[[float], None] | None = None,
     ) -> None:
-        """`observe`: called with each unary call's round trip in seconds (metrics)."""
+        """`observe`: called with each unary call's round trip in seconds (metrics);
+        `observe_watch`: with the delay from a write of this client to its event on one of
+        this client's watches (the watch's lag, metrics)."""
         if not endpoints:
             raise ValueError("no etcd endpoint")
         self.endpoints = list(endpoints)
@@ -145,6 +158,13 @@ class Etcd:
         self.requests = 0  # unary calls sent (benchmarks count them)
         self._watches: Watches | None = None
         self._observe = observe
+        self._observe_watch = observe_watch
+        #: revision -> when this client's write of it returned (its watch lag is measured
+        #: when the event arrives); bounded: a write no watch covers ages out
+        self._written: dict[int, float] = {}
+        #: revision -> when a watch delivered it (a write's answer can come after its event)
+        self._seen: dict[int, float] = {}
+        self._written_lock = threading.Lock()
 
     @classmethod
     def of_node(
@@ -152,11 +172,14 @@ class Etcd:
         cfg: NodeConfig,
         endpoints: list[str] | None = None,
         observe: Callable[[float], None] | None = None,
+        observe_watch: Callable[[float], None] | None = None,
     ) -> Etcd:
         """The client a node's configuration (podnet.yml) describes: its endpoints (or
         `endpoints`), its client certificate and its timeout."""
         eps = cfg.etcd_endpoints if endpoints is None else endpoints
-        return cls(eps, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout, observe)
+        return cls(
+            eps, cfg.etcd_ca, cfg.etcd_cert, cfg.etcd_key, cfg.etcd_timeout, observe, observe_watch
+        )
 
     # -- transport ------------------------------------------------------------------
     def _credentials(self) -> grpc.ChannelCredentials:
@@ -231,6 +254,30 @@ class Etcd:
                     self._observe(time.monotonic() - t0)
         raise EtcdUnavailable(f"etcd unreachable ({', '.join(eps)}): {last}")
 
+    def wrote(self, revision: int) -> None:
+        """This client's write made `revision` (measured when a watch sees it)."""
+        if self._observe_watch is None or revision <= 0:
+            return
+        now = time.monotonic()
+        with self._written_lock:
+            seen = self._seen.pop(revision, None)
+            if seen is None:
+                _bounded_put(self._written, revision, now)
+        if seen is not None:  # the event came before the write's answer: no lag
+            self._observe_watch(0.0)
+
+    def watched(self, revision: int) -> None:
+        """A watch delivered the event of `revision`: its lag, if this client wrote it."""
+        if self._observe_watch is None:
+            return
+        now = time.monotonic()
+        with self._written_lock:
+            t = self._written.pop(revision, None)
+            if t is None:
+                _bounded_put(self._seen, revision, now)
+        if t is not None:
+            self._observe_watch(now - t)
+
     def count_error(self) -> None:
         self.errors += 1
         if self.on_error:
@@ -289,12 +336,15 @@ class Etcd:
 
     def put(self, key: str, value: Any, lease: int = 0) -> int:
         r = self.call("/etcdserverpb.KV/Put", op_put(key, value, lease).request_put)
+        self.wrote(int(r.header.revision))
         return int(r.header.revision)
 
     def delete(self, key: str, prefix: bool = False, timeout: float | None = None) -> int:
         r = self.call(
             "/etcdserverpb.KV/DeleteRange", op_delete(key, prefix).request_delete_range, timeout
         )
+        if r.deleted:
+            self.wrote(int(r.header.revision))
         return int(r.deleted)
 
     def txn(
@@ -304,6 +354,8 @@ class Etcd:
             "/etcdserverpb.KV/Txn",
             TxnRequest(compare=compare, success=success, failure=failure or []),
         )
+        if r.succeeded and any(op.WhichOneof("request") != "request_range" for op in success):
+            self.wrote(int(r.header.revision))
         return TxnResult(bool(r.succeeded), int(r.header.revision), list(r.responses))
 
     def put_many(self, ops: Iterable[Any]) -> None:
