@@ -256,27 +256,29 @@ class Etcd:
 
     def wrote(self, revision: int) -> None:
         """This client's write made `revision` (measured when a watch sees it)."""
-        if self._observe_watch is None or revision <= 0:
-            return
-        now = time.monotonic()
-        with self._written_lock:
-            seen = self._seen.pop(revision, None)
-            if seen is None:
-                _bounded_put(self._written, revision, now)
-        if seen is not None:  # the event came before the write's answer: no lag
-            self._observe_watch(0.0)
+        if (
+            self._observe_watch is not None
+            and revision > 0
+            and self._meet(revision, self._seen, self._written) is not None
+        ):
+            self._observe_watch(0.0)  # the event came before the write's answer: no lag
 
     def watched(self, revision: int) -> None:
         """A watch delivered the event of `revision`: its lag, if this client wrote it."""
-        if self._observe_watch is None:
-            return
+        if self._observe_watch is not None:
+            lag = self._meet(revision, self._written, self._seen)
+            if lag is not None:
+                self._observe_watch(lag)
+
+    def _meet(self, revision: int, other: dict[int, float], mine: dict[int, float]) -> float | None:
+        """The write and the event of `revision` meet: the seconds since the other side was
+        noted in `other`, or None (this side is noted in `mine` until the other comes)."""
         now = time.monotonic()
         with self._written_lock:
-            t = self._written.pop(revision, None)
+            t = other.pop(revision, None)
             if t is None:
-                _bounded_put(self._seen, revision, now)
-        if t is not None:
-            self._observe_watch(now - t)
+                _bounded_put(mine, revision, now)
+        return None if t is None else now - t
 
     def count_error(self) -> None:
         self.errors += 1
