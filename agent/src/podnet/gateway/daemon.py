@@ -17,7 +17,8 @@ Publications whose job is gone (no `jobs/<id>`, or its pod's IP now belongs to
 another job) are deleted here.
 
 The package: config.py (gateway.yaml), state.py (the table's inputs from etcd), nft.py
-(the table as nft commands), daemon.py (the loop and main).
+(the table as nft commands), metrics.py (the metrics endpoint) with conntrackd.py
+(conntrackd's flow-state sync statistics), daemon.py (the loop and main).
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 """podnet-gatewayd's metrics endpoint (gateway.yaml `metrics`, docs/monitoring.md): table
 syncs by kind and their time, failed syncs, publications released, published ports, the
 policy's set elements, whether this gateway holds the external address (VRRP master), etcd
-round trips, the build and the process's own metrics."""
+round trips, conntrackd's flow-state sync (gateway/conntrackd.py), the build and the
+process's own metrics."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from prometheus_client.core import (
 )
 
 from podnet import __version__
+from podnet.gateway import conntrackd
+from podnet.gateway.conntrackd import Conntrackd
 from podnet.gateway.state import State
 from podnet.stats import Histogram, Tally, counter_family, histogram_family, serve
 
@@ -88,9 +91,15 @@ class VrrpWatch:
 
 
 class GatewayCollector:
-    def __init__(self, gw: Observed, fib_trie: str = "/proc/net/fib_trie") -> None:
+    def __init__(
+        self,
+        gw: Observed,
+        fib_trie: str = "/proc/net/fib_trie",
+        ctd: Conntrackd | None = None,
+    ) -> None:
         self.gw = gw
         self.fib_trie = fib_trie
+        self.ctd = ctd  # None: conntrackd's statistics are not read (no metrics of it)
 
     def collect(self) -> Iterator[Family]:
         gw = self.gw
@@ -156,7 +165,12 @@ class GatewayCollector:
             "Users with an egress policy of their own in the table now",
             value=len(c.users) if c else 0,
         )
+        if self.ctd is not None:
+            yield from conntrackd.families(self.ctd.latest())
 
 
 def start_metrics(listen: str, gw: Observed) -> None:
-    serve(listen, GatewayCollector(gw))
+    """Serve the metrics; conntrackd's statistics are read in a thread of their own."""
+    ctd = Conntrackd()
+    ctd.start()
+    serve(listen, GatewayCollector(gw, ctd=ctd))
