@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Gateways (issue 11, docs/gateway.md): egress under the global and per-user policy,
 published ports reached from `ext`, nothing else reached from outside, hairpin dropped,
-a rule change applied to established flows, failover with established TCP kept.
+a rule change applied to established flows, conntrackd's sync statistics in
+podnet-gatewayd's metrics (issue 37), failover with established TCP kept.
 
 Needs a lab with gateways (LAB_GATEWAYS=1: gw1, gw2 and ext); skipped otherwise. The lab
 policy (inventories/lab/group_vars/all/lab.yml): 203.0.113.128/25 tcp 8000-8099 and icmp
@@ -35,6 +36,7 @@ from conftest import (
     wait_for,
 )
 from conftest import ssh as _ssh
+from test_metrics import scrape
 
 STATE = Path(f"/var/lib/podnet-lab/{LAB}")
 
@@ -339,6 +341,83 @@ def test_rule_change_applies_to_established_flows_within_a_second(gjobs: dict[st
         etcdctl(f"put {POLICY_KEY} '{before}'")
     poll(lambda: connect("c1", job, "alice", EXT_HOST, 8090, 1).startswith("0"), timeout=30)
     ssh("c1", "pkill -f '^python3 /tmp/gwfollow.py'", check=False)
+
+
+# -- conntrackd's flow-state sync in podnet-gatewayd's metrics (docs/monitoring.md) -----
+CTD = "podnet_gateway_conntrackd_"
+GATEWAYD_PORT = 9465  # inventories/lab: gateway_metrics_listen
+
+
+def _ctd(gw: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {k: v for k, v in scrape(gw, GATEWAYD_PORT).items() if k[0].startswith(CTD)}
+
+
+def _sum(
+    got: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str
+) -> float:
+    """The sum of `name`'s series with `labels` (0 when there is none)."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in got.items() if n == CTD + name and want <= set(ls))
+
+
+def test_conntrackd_sync_statistics_grow_with_a_flow(gjobs: dict[str, int]) -> None:
+    active = poll(_active_gateway)
+    other = "gw2" if active == "gw1" else "gw1"
+    before = {gw: _ctd(gw) for gw in (active, other)}
+    for gw, got in before.items():
+        assert got[(CTD + "up", ())] == 1, (gw, got)
+        for what in ("bytes", "packets", "errors"):
+            for direction in ("sent", "received"):
+                assert (f"{CTD}sync_{what}_total", (("direction", direction),)) in got, gw
+        for what in ("lost", "malformed", "before"):
+            assert got[(f"{CTD}sync_messages_{what}_total", ())] >= 0, gw
+        assert (CTD + "cache_entries", (("cache", "internal"),)) in got, gw
+        for cache in ("internal", "external"):
+            for change in ("created", "updated", "destroyed"):
+                labels = (("cache", cache), ("change", change))
+                assert (CTD + "cache_changes_total", labels) in got, gw
+                assert got[(CTD + "cache_failures_total", labels)] == 0, (gw, labels)
+        assert (CTD + "queue_elements", (("queue", "rsqueue"),)) in got, gw
+        # the gateways talk: at least FT-FW's hellos and acknowledgements, every second
+        assert _sum(got, "sync_packets_total", direction="sent") > 0, gw
+        assert _sum(got, "sync_packets_total", direction="received") > 0, gw
+    # a flow out of alice's pod through the active gateway: conntrackd there takes it into its
+    # internal cache and sends it; the other one writes it into its kernel's table
+    assert connect("c1", gjobs["alice"], "alice", EXT_HOST, 8080).startswith("hello 8080")
+
+    def grown() -> bool:
+        a, o = _ctd(active), _ctd(other)
+        return (
+            _sum(a, "cache_changes_total", cache="internal", change="created")
+            > _sum(before[active], "cache_changes_total", cache="internal", change="created")
+            and _sum(a, "sync_bytes_total", direction="sent")
+            > _sum(before[active], "sync_bytes_total", direction="sent")
+            and _sum(o, "cache_changes_total", cache="external")
+            > _sum(before[other], "cache_changes_total", cache="external")
+            and _sum(o, "sync_bytes_total", direction="received")
+            > _sum(before[other], "sync_bytes_total", direction="received")
+        )
+
+    poll(grown, timeout=30, step=1)  # read every 5 s (gateway/conntrackd.py)
+    after = {gw: _ctd(gw) for gw in (active, other)}
+    for gw in (active, other):
+        assert _sum(after[gw], "sync_errors_total") == _sum(before[gw], "sync_errors_total"), gw
+        assert _sum(after[gw], "sync_messages_malformed_total") == 0, gw
+
+
+def test_conntrackd_up_is_0_while_it_is_stopped() -> None:
+    """On the backup (stopping it there drops nothing): up 0 and no other conntrackd series
+    within a few reads, 1 again when it is back."""
+    active = poll(_active_gateway)
+    other = "gw2" if active == "gw1" else "gw1"
+    ssh(other, "systemctl stop conntrackd")
+    try:
+        poll(lambda: _ctd(other) == {(CTD + "up", ()): 0}, timeout=30, step=1)
+        log = ssh(other, "journalctl -u podnet-gatewayd -p warning --since -1min -o cat").stdout
+        assert "conntrackd's statistics: conntrackd -s" in log, log
+    finally:
+        ssh(other, "systemctl start conntrackd")
+    poll(lambda: _ctd(other).get((CTD + "up", ())) == 1, timeout=30, step=1)
 
 
 # -- failover (last: it powers off a gateway, then boots it again) -----------------------
