@@ -1,17 +1,21 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The cluster view in the state layer (`podnet.state.clusterview`), fed watch events as
-plain values (`make unit`, no etcd): what each record does to the view and which changes
-it reports for the node layer's appliers; the one-revision read the CLI uses."""
+"""The cluster view in the state layer (`podnet.state.clusterview`, `watchrecords`), fed
+watch events as plain values (`make unit`, no etcd): what each record does to the view and
+which changes it reports for the node layer's appliers; the one-revision read `podnet
+doctor` uses."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
 import logging
+from contextlib import nullcontext
 from typing import Any
 
 import pytest
 from fake_etcd import FakeEtcd
+from podnet.cli import podnet as cli
+from podnet.config import NodeConfig
 from podnet.names import Keys
 from podnet.node.repair import RecordRepair
 from podnet.node.workqueue import SyncQueue
@@ -19,18 +23,14 @@ from podnet.state.alloc import Job
 from podnet.state.clusterview import (
     AddressesChanged,
     BlockChanged,
-    BlockRecord,
-    ClusterRead,
     ClusterView,
     JobChanged,
-    JobRecord,
     NodesChanged,
-    PodRecord,
     UserChanged,
     UserPodsChanged,
-    record_of,
 )
 from podnet.state.etcdops import KV
+from podnet.state.watchrecords import BlockRecord, ClusterRead, JobRecord, PodRecord, record_of
 
 KEYS = Keys("u")
 ROOT = "/podnet/u/"
@@ -221,3 +221,44 @@ def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> 
     assert work.take() == {"restore"}
     pod = record_of(KEYS, "put", ROOT + "logins/n2/bob", _kv("logins/n2/bob", {"ip": "x"}))
     assert isinstance(pod, PodRecord) and repair.screen(pod) is pod
+
+
+def test_podnet_doctor_compares_the_fdb_with_the_view_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`podnet doctor`'s FDB check reads the view with `ClusterView.load` (one read, no
+    allocator, dataplane, firewall or sync loop): each user VXLAN's flood entries against
+    the other nodes with a pod of that user."""
+    etcd = FakeEtcd()
+    lab = "/podnet/lab/"
+    for n, ip in (("c1", N1), ("c2", N2), ("c3", N3)):
+        etcd.put(f"{lab}nodes/{n}", {"ip": ip})
+    etcd.put(f"{lab}jobs/3", _job(3, ["c1", "c2"], ["198.18.0.1", "198.18.0.66"], 5000))
+    etcd.put(f"{lab}containers/c3/pn-c0", {"ip": "198.18.0.130", "user": "bob", "vni": 5001})
+    cfg = NodeConfig.from_dict(
+        {
+            "node": "c1",
+            "underlay_interface": "eth0",
+            "underlay_ip": N1,
+            "cluster": "lab",
+            "etcd_endpoints": ["http://127.0.0.1:2379"],
+        },
+        "test",
+    )
+    links = {
+        "pnvx5000": {"kind": "vxlan", "vni": 5000, "index": 10},
+        "pnvx5001": {"kind": "vxlan", "vni": 5001, "index": 11},
+        "eth0": {"kind": "", "index": 2},
+    }
+    fdb = {10: {N2}, 11: {N2}}  # 5001's flood entry names the wrong node
+    monkeypatch.setattr(cli.Etcd, "of_node", staticmethod(lambda _cfg: etcd))
+    monkeypatch.setattr(cli.nl, "Netlink", lambda: nullcontext(None))
+    monkeypatch.setattr(cli.nlquery, "links", lambda _sock: links)
+    monkeypatch.setattr(cli.nlquery, "fdb_dsts", lambda _sock, index: fdb[index])
+    txns = etcd.txns
+    got = {c["check"]: (c["ok"], c["detail"]) for c in cli._fdb_drift(cfg)}
+    assert etcd.txns == txns + 1
+    assert got == {
+        "fdb:pnvx5000": (True, "in sync"),
+        "fdb:pnvx5001": (False, f"missing ['{N3}'], extra ['{N2}']"),
+    }

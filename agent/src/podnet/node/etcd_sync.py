@@ -5,7 +5,7 @@ applier of the `state.clusterview.ClusterView`'s changes.
 
 Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and `nodes/`
 (all on the client's one watch stream) feed `on_event`: the event becomes a record
-(`clusterview.record_of`), `repair.RecordRepair` screens it (what another writer changed is
+(`watchrecords.record_of`), `repair.RecordRepair` screens it (what another writer changed is
 noted to be written back, and the view takes this node's own copy instead), the view
 takes it and says what changed, and each change is applied here: the allocator's IPAM view
 and job records (`JobRecords`, from which the allocator takes a job instead of reading
@@ -32,19 +32,17 @@ from podnet.node.repair import RecordRepair
 from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator
 from podnet.state.clusterview import (
-    WATCHED,
     AddressesChanged,
     BlockChanged,
     Change,
-    ClusterRead,
     ClusterView,
     JobChanged,
     NodesChanged,
     UserPodsChanged,
-    record_of,
 )
 from podnet.state.etcdops import KV
 from podnet.state.store import Etcd
+from podnet.state.watchrecords import WATCHED, ClusterRead, record_of
 
 log = logging.getLogger("podnet.sync")
 
@@ -131,12 +129,11 @@ class EtcdSync:
         the IPAM view, the job records, the pods' locations, the users' VNIs, the node
         table. Returns the revision to watch from."""
         read = ClusterRead.of(self.etcd, self.keys)
-        jobs = read.jobs()
-        self.repair.check_read(read, jobs)
+        self.repair.check_read(read)
         changes = self.view.reset(read)
         self.alloc.ipam.reset(read.blocks(), read.addresses())
         if self.alloc.jobs is not None:
-            self.alloc.jobs.reset(jobs)
+            self.alloc.jobs.reset(read.jobs())
         for change in changes:
             if isinstance(change, AddressesChanged | UserPodsChanged):
                 self.act(change)

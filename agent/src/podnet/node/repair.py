@@ -40,7 +40,6 @@ from podnet.names import Keys
 from podnet.node.pods import PodTable
 from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator, Job, name_owner
-from podnet.state.clusterview import ClusterRead, JobRecord, Record, UserRecord, VniRecord
 from podnet.state.etcdops import (
     cmp_mod,
     cmp_present,
@@ -50,6 +49,7 @@ from podnet.state.etcdops import (
     op_put,
 )
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.state.watchrecords import ClusterRead, JobRecord, Record, UserRecord, VniRecord
 
 log = logging.getLogger("podnet.guard")
 #: the watches' repair logs as the sync loop did
@@ -60,6 +60,9 @@ VERIFY_INTERVAL = 5.0
 
 
 class RecordRepair:
+    """The watched records another writer changed: noted as each record comes (`screen`,
+    `check_read` after a whole read), written back in the sync loop's pass (`restore`)."""
+
     def __init__(
         self,
         etcd: Etcd,
@@ -103,9 +106,9 @@ class RecordRepair:
             return None if self.changed_once_created(rec.key, rec.value, rec.revision) else rec
         return rec
 
-    def check_read(self, read: ClusterRead, jobs: list[Job]) -> None:
-        """After a whole read (`jobs`: its job records): the users' and VNIs' records, the
-        records of the jobs with a pod here."""
+    def check_read(self, read: ClusterRead) -> None:
+        """After a whole read: the users' and VNIs' records, the records of the jobs with
+        a pod here."""
         present = {kv.key: kv for what in ("users", "vnis") for kv in read.kvs[what]}
         with self._mutex:
             known = list(self._first_seen)
@@ -114,7 +117,7 @@ class RecordRepair:
             self.changed_once_created(
                 key, kv.value if kv is not None else None, kv.mod_revision if kv else 0
             )
-        for job in jobs:
+        for job in read.jobs():
             mine = self.own_job(job.job_id)
             if mine is not None and job.to_json() != mine.to_json():
                 key = read.keys.job(job.job_id)

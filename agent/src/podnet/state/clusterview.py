@@ -3,11 +3,10 @@
 is, the nodes' underlay addresses, the users' VNIs (as flannel gives its backend a subnet
 manager and a channel of events). Nothing here touches the kernel or writes to etcd.
 
-A watch event becomes a `Record` (`record_of`: `jobs/`, `logins/`, `containers/`,
-`users/`, `vnis/`, `blocks/`, `nodes/`; an unreadable value is logged and read as no
-record), `ClusterView.apply` takes it into the view and returns what changed, as `Change`s
-for the node layer's appliers (node/etcd_sync.py: the IPAM view, the job records, routes,
-FDB, firewall sets):
+A watch event becomes a `Record` (watchrecords.py: `record_of`; an unreadable value is
+logged and read as no record), `ClusterView.apply` takes it into the view and returns what
+changed, as `Change`s for the node layer's appliers (node/etcd_sync.py: the IPAM view, the
+job records, routes, FDB, firewall sets):
 
 * `JobChanged`: a job's record (None: deleted);
 * `AddressesChanged`: addresses a record no longer holds, addresses it holds;
@@ -22,87 +21,32 @@ VTEP's address is always its node's registered one (`nodes/`), never one a recor
 The addresses' own records (`ips/`) are not watched (a job's allocation writes one per node
 in one transaction); a resync reads them for the IPAM view.
 
-`ClusterRead.of` reads everything the watches follow in one transaction (one revision):
-the node's resync, and `ClusterView.load` for a reader with no node's machinery (the CLI).
+`watchrecords.ClusterRead.of` reads everything the watches follow in one transaction (one
+revision): `ClusterView.reset` takes it (the node's resync), and `ClusterView.load` reads
+and takes it for a reader with no node's machinery (`podnet doctor`).
 """
 
 from __future__ import annotations
 
 import ipaddress
-import logging
 import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from podnet.names import Keys, block_from_key, mac_for_ip
+from podnet.names import Keys, mac_for_ip
 from podnet.state.alloc.common import Job
-from podnet.state.etcdops import KV, op_get
+from podnet.state.etcdops import KV
 from podnet.state.store import Etcd
-
-log = logging.getLogger("podnet.sync")
-
-#: the prefixes the node watches
-WATCHED = ("jobs", "logins", "containers", "users", "vnis", "blocks", "nodes")
-
-
-# -- what a watch event says ------------------------------------------------------------
-@dataclass(frozen=True)
-class JobRecord:
-    """`jobs/<id>`: `job` None when deleted or unreadable."""
-
-    key: str
-    job_id: int
-    job: Job | None
-    deleted: bool
-    revision: int
-
-
-@dataclass(frozen=True)
-class PodRecord:
-    """`logins/<node>/<user>`, `containers/<node>/<name>`: a pod's address and VNI (a login
-    record names no VNI: its user's); `ip` None when deleted or unreadable."""
-
-    key: str
-    node: str
-    ip: str | None
-    vni: int | None
-    user: str
-    deleted: bool
-
-
-@dataclass(frozen=True)
-class UserRecord:
-    """`users/<user>`: created once, never changed nor deleted by podnet."""
-
-    key: str
-    user: str
-    vni: int | None
-    value: str | None  # None: deleted
-    revision: int
-
-
-@dataclass(frozen=True)
-class VniRecord:
-    """`vnis/<vni>`: created once, never changed nor deleted by podnet."""
-
-    key: str
-    value: str | None  # None: deleted
-    revision: int
-
-
-@dataclass(frozen=True)
-class BlockRecord:
-    block: ipaddress.IPv4Network
-    node: str | None  # None: free
-
-
-@dataclass(frozen=True)
-class NodeRecord:
-    node: str
-
-
-Record = JobRecord | PodRecord | UserRecord | VniRecord | BlockRecord | NodeRecord
+from podnet.state.watchrecords import (
+    BlockRecord,
+    ClusterRead,
+    JobRecord,
+    NodeRecord,
+    PodRecord,
+    Record,
+    UserRecord,
+    json_object,
+    record_of,
+)
 
 
 # -- what changed in the view ---------------------------------------------------------------
@@ -141,142 +85,6 @@ class UserChanged:
 
 
 Change = JobChanged | AddressesChanged | UserPodsChanged | BlockChanged | NodesChanged | UserChanged
-
-
-def record_of(keys: Keys, kind: str, key: str, kv: KV | None) -> Record | None:
-    """What the watch event (`kind` 'put' or 'delete' of `key`, `kv` the value put) says;
-    None for a key the view does not follow."""
-    if not key.startswith(keys.root):
-        return None
-    what, _sep, rest = key[len(keys.root) :].partition("/")
-    parse = _PARSERS.get(what)
-    return parse(key, what, rest, kv if kind == "put" else None) if parse else None
-
-
-def _job_record(key: str, _what: str, rest: str, put: KV | None) -> Record | None:
-    if not rest.isdigit():
-        return None
-    rev = put.mod_revision if put is not None else 0
-    return JobRecord(key, int(rest), job_of(put), put is None, rev)
-
-
-def _pod_record(key: str, what: str, rest: str, put: KV | None) -> Record | None:
-    node, _sep, name = rest.partition("/")
-    if not node or not name:
-        return None
-    d = _json(put)
-    ip, vni = d.get("ip"), d.get("vni")
-    user = name if what == "logins" else str(d.get("user"))
-    return PodRecord(
-        key,
-        node,
-        ip if isinstance(ip, str) else None,
-        vni if isinstance(vni, int) else None,
-        user,
-        put is None,
-    )
-
-
-def _user_record(key: str, _what: str, rest: str, put: KV | None) -> Record | None:
-    vni = _json(put).get("vni")
-    value, rev = (put.value, put.mod_revision) if put is not None else (None, 0)
-    return UserRecord(key, rest, vni if isinstance(vni, int) else None, value, rev)
-
-
-def _vni_record(key: str, _what: str, _rest: str, put: KV | None) -> Record | None:
-    value, rev = (put.value, put.mod_revision) if put is not None else (None, 0)
-    return VniRecord(key, value, rev)
-
-
-def _block_record(key: str, _what: str, _rest: str, put: KV | None) -> Record | None:
-    try:
-        blk = ipaddress.IPv4Network(block_from_key(key))
-    except ValueError:
-        log.warning("ignoring the block record %s (not a block)", key)
-        return None
-    node = _json(put).get("node")
-    return BlockRecord(blk, node if isinstance(node, str) else None)
-
-
-def _node_record(_key: str, _what: str, rest: str, _put: KV | None) -> Record | None:
-    return NodeRecord(rest)
-
-
-_PARSERS: dict[str, Callable[[str, str, str, KV | None], Record | None]] = {
-    "jobs": _job_record,
-    "logins": _pod_record,
-    "containers": _pod_record,
-    "users": _user_record,
-    "vnis": _vni_record,
-    "blocks": _block_record,
-    "nodes": _node_record,
-}
-
-
-def job_of(kv: KV | None) -> Job | None:
-    """The job record `kv` holds (None: none, or unreadable: logged)."""
-    if kv is None:
-        return None
-    try:
-        return Job.from_json(kv.json(), kv.mod_revision)
-    except (ValueError, KeyError, TypeError, AttributeError):
-        log.warning("ignoring the unreadable job record %s", kv.key)
-        return None
-
-
-def _json(kv: KV | None) -> dict[str, Any]:
-    """A record's JSON object ({} when it is something else: logged)."""
-    if kv is None:
-        return {}
-    try:
-        d = kv.json()
-    except ValueError:
-        d = None
-    if not isinstance(d, dict):
-        log.warning("ignoring the unreadable record %s", kv.key)
-        return {}
-    return d
-
-
-# -- one read at one revision ---------------------------------------------------------------
-@dataclass
-class ClusterRead:
-    """Everything the watches follow, and the addresses' records (`ips/`), read in one
-    transaction: one revision for all of it (the watches resume after it)."""
-
-    keys: Keys
-    revision: int
-    #: the records under each prefix (`WATCHED` and "ips")
-    kvs: dict[str, list[KV]]
-    _jobs: list[Job] | None = field(default=None, repr=False, compare=False)
-
-    @classmethod
-    def of(cls, etcd: Etcd, keys: Keys) -> ClusterRead:
-        prefixes = (*WATCHED, "ips")
-        r = etcd.txn([], [op_get(keys.prefix(p), prefix=True) for p in prefixes])
-        return cls(keys, r.revision, {p: r.range_kvs(i) for i, p in enumerate(prefixes)})
-
-    def jobs(self) -> list[Job]:
-        """The readable job records (parsed once: an unreadable one is logged once)."""
-        if self._jobs is None:
-            self._jobs = [j for kv in self.kvs.get("jobs", []) if (j := job_of(kv)) is not None]
-        return self._jobs
-
-    def blocks(self) -> dict[ipaddress.IPv4Network, str | None]:
-        out: dict[ipaddress.IPv4Network, str | None] = {}
-        for kv in self.kvs.get("blocks", []):
-            try:
-                blk = ipaddress.IPv4Network(block_from_key(kv.key))
-            except ValueError:
-                log.warning("ignoring the block record %s (not a block)", kv.key)
-                continue
-            node = _json(kv).get("node")
-            out[blk] = node if isinstance(node, str) else None
-        return out
-
-    def addresses(self) -> list[str]:
-        """Every address in use (also those no pod record names: older podnetd's)."""
-        return [kv.key.rsplit("/", 1)[-1] for kv in self.kvs.get("ips", [])]
 
 
 # -- the view -----------------------------------------------------------------------------
@@ -410,7 +218,7 @@ class ClusterView:
 
     def set_nodes(self, kvs: list[KV]) -> bool:
         """The node table from its records (`nodes/`, read whole); True if it changed."""
-        ips = {kv.key.rsplit("/", 1)[-1]: str(_json(kv).get("ip")) for kv in kvs}
+        ips = {kv.key.rsplit("/", 1)[-1]: str(json_object(kv).get("ip")) for kv in kvs}
         with self.mutex:
             if ips == self.node_ips:
                 return False
@@ -429,7 +237,7 @@ class ClusterView:
             self.user_vnis.update(
                 (kv.key.rsplit("/", 1)[-1], v)
                 for kv in read.kvs.get("users", [])
-                if isinstance(v := _json(kv).get("vni"), int)
+                if isinstance(v := json_object(kv).get("vni"), int)
             )
         out: list[Change] = []
         for job in read.jobs():
