@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from conftest import POD_CIDR, Node, sh, wait_for
-from podnet.kernel.nl import mac_for_ip
 from podnet.kernel.spares import SPARE_NETNS
+from podnet.names import mac_for_ip
 
 
 def job_up(

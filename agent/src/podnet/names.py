@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Names: DNS-safe labels, netns and link names, etcd and SkyDNS keys."""
+"""Names: DNS-safe labels, netns and link names, pod MACs, etcd and SkyDNS keys."""
 
 from __future__ import annotations
 
@@ -240,6 +240,12 @@ class Keys:
 
     def prefix(self, what: str) -> str:
         return f"{self.root}{what}/"
+
+
+def mac_for_ip(ip: str) -> str:
+    """Deterministic, locally administered MAC of a pod interface: 0a:58:<ip bytes>."""
+    b = ipaddress.IPv4Address(ip).packed
+    return "0a:58:" + ":".join(f"{x:02x}" for x in b)
 
 
 def block_from_key(key: str) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from podnet.kernel import nl, nlreq
+from podnet.names import mac_for_ip
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
 from pyroute2.netlink.rtnl.ndmsg import ndmsg
@@ -40,7 +41,7 @@ def test_fdb_flood_matches_pyroute2(index: int, vtep: str, delete: bool) -> None
     ("index", "ip", "vtep"), [(5, "198.18.0.66", "198.19.208.9"), (70000, "10.1.2.3", "10.255.0.1")]
 )
 def test_fdb_unicast_matches_pyroute2(index: int, ip: str, vtep: str, delete: bool) -> None:
-    mac = nl.mac_for_ip(ip)
+    mac = mac_for_ip(ip)
     req = nlreq.fdb_unicast(index, mac, vtep, delete)
     m = ndmsg()
     m["family"] = nl.AF_BRIDGE

@@ -19,8 +19,8 @@ from podnet.names import Keys
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.reconcile import Reconciler, decide_lost_pod
-from podnet.node.view import ClusterView
 from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 
 CC = ClusterConfig.from_dict({"pod_cidr": "198.18.0.0/20", "block_prefix": 26, "zone": "lab"}, "t")

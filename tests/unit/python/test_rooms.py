@@ -21,13 +21,14 @@ from podnet.kernel import firewall
 from podnet.names import Keys
 from podnet.node.agent import Agent
 from podnet.node.etcd_sync import EtcdSync
-from podnet.node.guard import RecordGuard
 from podnet.node.pods import Pod, PodTable, job_search
 from podnet.node.reconcile import parse_job_ids
+from podnet.node.repair import RecordGuard, RecordRepair
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
-from podnet.node.view import ClusterView, SyncQueue
+from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator, Job, JobRecords
+from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
 
@@ -179,11 +180,16 @@ def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> _KV:
     return _KV({**rec, "nodes": nodes, "ips": ips, "vni": vni}, key)
 
 
+def _sync(nets: UserNetworks, etcd: FakeEtcd, dp: FakeDataplane, pods: PodTable) -> EtcdSync:
+    repair = RecordRepair(etcd, nets.work)  # type: ignore[arg-type]
+    return EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work, repair)  # type: ignore[arg-type]
+
+
 def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     alloc = nets.alloc
     alloc.jobs = JobRecords()
-    sync = EtcdSync(etcd, Keys("u"), "n1", alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
+    sync = _sync(nets, etcd, dp, pods)
     sync.on_event("put", "/podnet/u/ips/198.18.0.5", None)  # not followed any more
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
@@ -215,7 +221,7 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
 def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     nets.alloc.jobs = JobRecords()
-    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
+    sync = _sync(nets, etcd, dp, pods)
     nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
     sync.on_event("put", "/podnet/u/users/alice", _KV({"vni": 5000, "uid": 2001}))
     sync.on_event("put", "/podnet/u/jobs/1", _job(1, ["n1"], ["198.18.0.2"], 5000))
@@ -268,7 +274,7 @@ def _etcd_kv(etcd: FakeEtcd, key: str) -> Any:
 
 def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
-    sync = EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work)  # type: ignore[arg-type]
+    sync = _sync(nets, etcd, dp, pods)
     key = "/podnet/u/users/bob"
     etcd.put(key, {"vni": 5002, "uid": 2002})
     sync.on_event("put", key, _etcd_kv(etcd, key))  # first seen: bob's
@@ -309,8 +315,12 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
         pods,
         nets.view,
         nets.work,
-        own_job=lambda j: job if j == 7 else None,
-        on_job_lost=lost.append,
+        RecordRepair(
+            etcd,  # type: ignore[arg-type]
+            nets.work,
+            own_job=lambda j: job if j == 7 else None,
+            on_job_lost=lost.append,
+        ),
     )
     key = "/podnet/u/jobs/7"
     sync.on_event("put", key, _etcd_kv(etcd, key))

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from podnet.api import cni
 from podnet.config import ClusterConfig, NodeConfig
 from podnet.errors import PodnetError
-from podnet.kernel.nl import mac_for_ip as nl_mac
+from podnet.names import mac_for_ip
 from podnet.node.pods import Pod
 from podnet.state.quota import QuotaExceeded
 from podnet.state.store import EtcdRequestError, EtcdUnavailable
@@ -331,7 +331,7 @@ class Handler:
     def _container_reply(self, pod: Pod) -> dict[str, Any]:
         cc = self.agent.cluster
         out = dict(pod.public())
-        out["mac"] = nl_mac(pod.ip)
+        out["mac"] = mac_for_ip(pod.ip)
         out["gateway"] = cc.gateway_ip
         out["dns"] = {
             "nameservers": list(cc.dns_servers),

@@ -23,13 +23,10 @@ from podnet import __version__
 from podnet.api import client
 from podnet.api.client import DEFAULT_SOCKET, ApiError
 from podnet.cli import cluster, verify
-from podnet.config import DEFAULT_CONFIG, ClusterConfig, ConfigError, NodeConfig
+from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
 from podnet.kernel import capability, nl, nlquery
 from podnet.names import Keys, is_veth_name
-from podnet.node.etcd_sync import EtcdSync
-from podnet.node.view import ClusterView, SyncQueue
-from podnet.state.alloc import Allocator
-from podnet.state.ipam import Ipam
+from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 
@@ -322,16 +319,8 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
     """FDB of each local user VXLAN versus the user's VTEPs in etcd (the nodes of the user's
     pods, at their registered addresses: what podnetd's sync loop computes)."""
     out = []
-    keys = Keys(cfg.cluster)
     try:
-        etcd = Etcd.of_node(cfg)
-        cc = ClusterConfig.from_dict(etcd.get_json(keys.config) or {}, strict=False)
-        alloc = Allocator(
-            etcd, keys, Ipam(cc.pod_cidr, cc.block_prefix), cc.zone, cc.vni_min, cc.vni_max
-        )
-        view = ClusterView(cfg.node)
-        sync = EtcdSync(etcd, keys, cfg.node, alloc, None, None, None, view, SyncQueue())  # type: ignore[arg-type]
-        sync.resync()
+        view = ClusterView.load(Etcd.of_node(cfg), Keys(cfg.cluster), cfg.node)
         with nl.Netlink() as sock:
             for name, info in nlquery.links(sock).items():
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):

@@ -42,7 +42,7 @@ from podnet.kernel import netns, nl, nlquery, nlreq
 from podnet.kernel.pidns import PidNamespaces
 from podnet.kernel.spares import PLACEHOLDER_MAC, SPARE_IFNAME, Spare, Spares, inside_new_netns
 from podnet.kernel.userlinks import UserLinks
-from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, new_veth_name
+from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, mac_for_ip, new_veth_name
 
 log = logging.getLogger("podnet.dataplane")
 
@@ -203,7 +203,7 @@ class Dataplane(UserLinks):
                 [
                     nlreq.link_up(ns.lo),
                     nlreq.addr(ns.eth0, spec.ip, spec.prefix),
-                    nlreq.link_up_with_mac(ns.eth0, nl.mac_for_ip(spec.ip)),
+                    nlreq.link_up_with_mac(ns.eth0, mac_for_ip(spec.ip)),
                     nlreq.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
                     nlreq.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
                     nlreq.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),

@@ -14,7 +14,6 @@ read in `podnet.kernel.nlquery`.
 
 from __future__ import annotations
 
-import ipaddress
 import itertools
 import os
 import socket
@@ -224,12 +223,6 @@ def _split_raw(data: bytes) -> Iterator[tuple[int, int, bytes, bytes]]:
             break
         yield mtype, seq, data[off + 16 : off + length], data[off : off + length]
         off += (length + 3) & ~3
-
-
-def mac_for_ip(ip: str) -> str:
-    """Deterministic, locally administered MAC of a pod interface: 0a:58:<ip bytes>."""
-    b = ipaddress.IPv4Address(ip).packed
-    return "0a:58:" + ":".join(f"{x:02x}" for x in b)
 
 
 def chunks(items: Iterable[Request], n: int) -> Iterator[list[Request]]:

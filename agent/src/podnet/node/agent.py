@@ -4,8 +4,10 @@
 
 * `pods.PodTable` / `pods.PodWiring`: this node's pods; one pod into the kernel and out;
 * `usernets.UserNetworks`: per-user bridge and VXLAN, the per-user lock, the linger;
-* `view.ClusterView` / `view.SyncQueue`: what the watches say, the sync loop's work;
-* `etcd_sync.EtcdSync`: etcd watches -> IPAM view, routes, FDB, firewall sets;
+* `state.clusterview.ClusterView`: what the watches say; `workqueue.SyncQueue`: the sync
+  loop's work;
+* `etcd_sync.EtcdSync`: etcd watches -> the view -> IPAM view, routes, FDB, firewall sets;
+* `repair.RecordRepair` / `repair.RecordGuard`: what another writer changed, written back;
 * `sessions.LoginSessions`: which processes hold each login pod; `NodeLease`: the lease;
 * `reconcile.Reconciler`: adopt at start, garbage collection while running;
 * `containers.Containers`: containers on their owner's network (the CNI plugin);

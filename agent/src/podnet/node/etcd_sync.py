@@ -1,56 +1,53 @@
 # SPDX-License-Identifier: Apache-2.0
 """The etcd sync loop: one place where the cluster's state in etcd becomes this node's
-routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network loop).
+routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network loop): the
+applier of the `state.clusterview.ClusterView`'s changes.
 
-Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `blocks/` and `nodes/` (all on the
-client's one watch stream) feed `on_event`. A pod record (a job's, a login pod's, a
-container's) says where each address of a user's network is: which nodes are the VNI's
-VTEPs (flood entries) and which node each remote pod MAC is behind (a unicast entry, so a
-frame to a pod goes to its node alone); the job records also fill `JobRecords`, from
-which the allocator takes a job instead of reading it. The addresses' own records
-(`ips/`) are not watched: a job's allocation writes one per node in one transaction, and
-every watcher of `ips/` would get them all (the job record carries the same, once).
-A VTEP's address is always its node's registered one (`nodes/`, written by the
-collection), never one a record names.
-
-`on_event` keeps the allocator's IPAM view and the job records current at once and queues
-only the sync an event needs: a block moved (routes), a node came or went (node table,
-firewall, routes), the pods of a user on other nodes changed (that user's FDB). `run`
-applies the queue in one pass per burst of events; a failed pass is retried in full.
-After a watch was compacted away, `resync` re-reads everything in one transaction (one
+Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and `nodes/`
+(all on the client's one watch stream) feed `on_event`: the event becomes a record
+(`watchrecords.record_of`), `repair.RecordRepair` screens it (what another writer changed is
+noted to be written back, and the view takes this node's own copy instead), the view
+takes it and says what changed, and each change is applied here: the allocator's IPAM view
+and job records (`JobRecords`, from which the allocator takes a job instead of reading
+it) at once, and only the kernel work the change needs is queued: a block moved (routes),
+a node came or went (node table, firewall, routes), the pods of a user on other nodes
+changed (that user's FDB), a record to write back ('restore'). `run` applies the queue in
+one pass per burst of events; a failed pass is retried in full. After a watch was
+compacted away, `resync` re-reads everything in one transaction (`ClusterRead`: one
 revision for all of it).
-
-It also undoes what another writer changed in records etcd lets every node write
-(docs/security.md "etcd authentication"): a user's VNI (`users/`, `vnis/`: created once,
-never changed nor deleted by podnet) is put back as this node first saw it, and the record
-of a job with a pod on this node as this node keeps it (`own_job`, the reconciler's); a
-deleted one is written back by the reconciler (`on_job_lost`). The write back is guarded by
-the revision the change had, so of all the nodes that saw it one writes.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
 
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.firewall import Firewall
-from podnet.names import Keys, block_from_key
+from podnet.names import Keys
 from podnet.node.pods import PodTable
-from podnet.node.view import ClusterView, SyncQueue
-from podnet.state.alloc import Allocator, Job
-from podnet.state.etcdops import KV, cmp_mod, json_dumps, op_get, op_put
-from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.node.repair import RecordRepair
+from podnet.node.workqueue import SyncQueue
+from podnet.state.alloc import Allocator
+from podnet.state.clusterview import (
+    AddressesChanged,
+    BlockChanged,
+    Change,
+    ClusterView,
+    JobChanged,
+    NodesChanged,
+    UserPodsChanged,
+)
+from podnet.state.etcdops import KV
+from podnet.state.store import Etcd
+from podnet.state.watchrecords import WATCHED, ClusterRead, record_of
 
 log = logging.getLogger("podnet.sync")
 
 #: a burst of events is applied in one pass after this quiet time
 DEBOUNCE = 0.05
-WATCHED = ("jobs", "logins", "containers", "users", "vnis", "blocks", "nodes")
 
 
 class EtcdSync:
@@ -65,14 +62,12 @@ class EtcdSync:
         pods: PodTable,
         view: ClusterView,
         work: SyncQueue,
-        own_job: Callable[[int], Job | None] = lambda job_id: None,
-        on_job_lost: Callable[[int], None] = lambda job_id: None,
+        repair: RecordRepair,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
-        """`own_job`: this node's copy of a job's record, if it has a pod of it
-        (reconcile.local); `on_job_lost`: a job with a pod here lost its record (the
-        reconciler writes it back); `on_idle`: called on quiet passes (every 5 s without
-        events): the egress route check."""
+        """`repair`: screens the watches' records (tamper repair) and writes back in the
+        pass; `on_idle`: called on quiet passes (every 5 s without events): the egress
+        route check."""
         self.etcd = etcd
         self.keys = keys
         self.node = node
@@ -82,151 +77,44 @@ class EtcdSync:
         self.pods = pods
         self.view = view
         self.work = work
-        self.own_job = own_job
-        self.on_job_lost = on_job_lost
+        self.repair = repair
         self.on_idle = on_idle
-        #: the addresses each login or container record holds (key -> ips)
-        self._held: dict[str, list[str]] = {}
-        #: the lock of the two tables below and of `_held`
-        self._mutex = threading.Lock()
-        #: users' and VNIs' records as this node first saw them (key -> value)
-        self._first_seen: dict[str, str] = {}
-        #: records to write back (key -> (value, the revision of the change))
-        self._restores: dict[str, tuple[str, int]] = {}
 
     # -- events ----------------------------------------------------------------------
     def on_event(self, kind: str, key: str, kv: KV | None) -> None:
-        rel = key[len(self.keys.root) :]
-        what, _sep, rest = rel.partition("/")
-        if what == "jobs":
-            if rest.isdigit():
-                self._job(int(rest), kv if kind == "put" else None)
-        elif what in ("logins", "containers"):
-            self._pod_record(key, what, rest, kv if kind == "put" else None)
-        elif what == "users":
-            self._user(rest, kv if kind == "put" else None)
-        elif what == "vnis":
-            self._changed_once_created(key, kv if kind == "put" else None)
-        elif what == "blocks":
-            blk = ipaddress.IPv4Network(block_from_key(key))
-            node = _json(kv).get("node") if kv is not None else None
-            self.alloc.ipam.set_block(blk, node if isinstance(node, str) else None)
+        rec = record_of(self.keys, kind, key, kv)
+        if rec is not None:
+            rec = self.repair.screen(rec)
+        if rec is not None:
+            for change in self.view.apply(rec):
+                self.act(change)
+
+    def act(self, change: Change) -> None:
+        """What a change of the view needs: the allocator's views at once, the kernel's
+        work queued."""
+        if isinstance(change, JobChanged):
+            jobs = self.alloc.jobs
+            if jobs is not None:
+                if change.job is None:
+                    jobs.remove(change.job_id)
+                else:
+                    jobs.put(change.job)
+        elif isinstance(change, AddressesChanged):
+            if change.freed:
+                self.alloc.ipam.mark(change.freed, used=False)
+            if change.used:
+                self.alloc.ipam.mark(change.used)
+        elif isinstance(change, UserPodsChanged):
+            self.queue(change.vni)
+        elif isinstance(change, BlockChanged):
+            self.alloc.ipam.set_block(change.block, change.node)
             self.queue("routes")
-        elif what == "nodes":
+        elif isinstance(change, NodesChanged):
             self.queue("nodes")
 
-    def _job(self, job_id: int, kv: KV | None) -> None:
-        jobs = self.alloc.jobs
-        mine = self.own_job(job_id)
-        if kv is None:
-            old = jobs.remove(job_id) if jobs is not None else None
-            if old is not None:
-                self._hold(f"jobs/{job_id}", [], old.vni, [])
-            if mine is not None:
-                log.warning("job %d: its record was deleted while its pod runs here", job_id)
-                self.on_job_lost(job_id)
-            return
-        try:
-            job = Job.from_json(kv.json(), kv.mod_revision)
-        except (ValueError, KeyError, TypeError):
-            log.warning("ignoring the unreadable job record %s", kv.key)
-            job = None
-        if mine is not None and (job is None or job.to_json() != mine.to_json()):
-            self._tampered(kv.key, kv.mod_revision, store_json(mine.to_json()))
-            job = mine  # what this node keeps using meanwhile
-        if job is None:
-            return
-        if jobs is not None:
-            jobs.put(job)
-        self._hold(f"jobs/{job_id}", job.ips, job.vni, job.nodes)
-
-    def _pod_record(self, key: str, what: str, rest: str, kv: KV | None) -> None:
-        node, _sep, name = rest.partition("/")
-        if not node or not name:
-            return
-        if kv is None:
-            self._hold(key, [], 0, [])
-            return
-        d = _json(kv)
-        ip = d.get("ip")
-        vni = d.get("vni")
-        if not isinstance(vni, int):  # login records name the user, not the VNI
-            vni = self.view.user_vni(name if what == "logins" else str(d.get("user")))
-        if isinstance(ip, str) and isinstance(vni, int):
-            self._hold(key, [ip], vni, [node])
-
-    def _hold(self, key: str, ips: list[str], vni: int, nodes: list[str]) -> None:
-        """The record `key` now holds `ips` (each on the node at the same place in `nodes`)
-        in VNI `vni` (none: it was deleted): the IPAM view, the pods' locations and the
-        FDB of the VNIs whose remote pods changed."""
-        with self._mutex:
-            before = self._held.pop(key, [])
-            if ips:
-                self._held[key] = list(ips)
-        gone = [ip for ip in before if ip not in ips]
-        if gone:
-            self.alloc.ipam.mark(gone, used=False)
-        if ips:
-            self.alloc.ipam.mark(ips)
-        changed: set[int] = set()
-        for ip in gone:
-            changed |= self.view.locate(ip, None)
-        for ip, node in zip(ips, nodes, strict=False):
-            changed |= self.view.locate(ip, (vni, node))
-        for v in changed:
-            self.queue(v)
-
-    def _user(self, user: str, kv: KV | None) -> None:
-        key = self.keys.user(user)
-        if self._changed_once_created(key, kv):
-            return
-        vni = _json(kv).get("vni") if kv is not None else None
-        with self.view.mutex:
-            if isinstance(vni, int):
-                self.view.user_vnis[user] = vni
-            else:
-                self.view.user_vnis.pop(user, None)
-
-    def _changed_once_created(self, key: str, kv: KV | None) -> bool:
-        """A user's or a VNI's record is created once and never changed nor deleted by
-        podnet: a change of one this node has seen is another writer's, to undo."""
-        with self._mutex:
-            first = self._first_seen.get(key)
-            if first is None and kv is not None:
-                self._first_seen[key] = kv.value
-                return False
-        if first is None or (kv is not None and kv.value == first):
-            return False
-        log.warning(
-            "%s was %s by another writer (it held %s): writing it back",
-            key,
-            "deleted" if kv is None else f"changed to {kv.value}",
-            first,
-        )
-        self._tampered(key, kv.mod_revision if kv is not None else 0, first)
-        return True
-
-    def _tampered(self, key: str, revision: int, value: str) -> None:
-        with self._mutex:
-            self._restores[key] = (value, revision)
-        self.queue("restore")
-
     def restore(self) -> int:
-        """Write back the records another writer changed (guarded by the revision of the
-        change, so of all the nodes that saw it one writes); returns how many."""
-        with self._mutex:
-            todo, self._restores = self._restores, {}
-        done = 0
-        for key, (value, rev) in todo.items():
-            try:
-                r = self.etcd.txn([cmp_mod(key, rev)], [op_put(key, value)])
-            except (EtcdUnavailable, EtcdRequestError) as e:
-                log.warning("%s: cannot write it back: %s (again later)", key, e)
-                with self._mutex:
-                    self._restores.setdefault(key, (value, rev))
-                continue
-            done += int(r.succeeded)
-        return done
+        """Write back the records another writer changed (`RecordRepair.restore`)."""
+        return self.repair.restore()
 
     def queue(self, what: str | int) -> None:
         """'nodes', 'routes', 'fdb' (every user) or a VNI (that user's FDB)."""
@@ -240,60 +128,21 @@ class EtcdSync:
         """Everything the watchers follow, read again in one transaction (one revision):
         the IPAM view, the job records, the pods' locations, the users' VNIs, the node
         table. Returns the revision to watch from."""
-        r = self.etcd.txn([], [op_get(self.keys.prefix(p), prefix=True) for p in (*WATCHED, "ips")])
-        by = {p: r.range_kvs(i) for i, p in enumerate((*WATCHED, "ips"))}
-        present = {kv.key: kv for what in ("users", "vnis") for kv in by[what]}
-        with self._mutex:
-            known = list(self._first_seen)
-        for key in sorted(set(known) | set(present)):
-            self._changed_once_created(key, present.get(key))
-        view = self.view
-        with self._mutex, view.mutex:
-            view.pods_at.clear()
-            view.ip_vni.clear()
-            self._held.clear()
-            view.user_vnis.clear()
-            view.user_vnis.update(
-                (kv.key.rsplit("/", 1)[-1], v)
-                for kv in by["users"]
-                if isinstance(v := _json(kv).get("vni"), int)
-            )
-        ipam = self.alloc.ipam
-        with ipam.lock:
-            ipam.used.clear()
-            ipam.blocks.clear()
-            ipam.node_blocks.clear()
-            ipam.claims.clear()
-        for kv in by["blocks"]:
-            node = _json(kv).get("node")
-            ipam.set_block(
-                ipaddress.IPv4Network(block_from_key(kv.key)),
-                node if isinstance(node, str) else None,
-            )
-        # every address in use (also those no pod record names: older podnetd's records)
-        ipam.mark(kv.key.rsplit("/", 1)[-1] for kv in by["ips"])
-        jobs = []
-        for kv in by["jobs"]:
-            try:
-                jobs.append(Job.from_json(kv.json(), kv.mod_revision))
-            except (ValueError, KeyError, TypeError):
-                log.warning("ignoring the unreadable job record %s", kv.key)
+        read = ClusterRead.of(self.etcd, self.keys)
+        self.repair.check_read(read)
+        changes = self.view.reset(read)
+        self.alloc.ipam.reset(read.blocks(), read.addresses())
         if self.alloc.jobs is not None:
-            self.alloc.jobs.reset(jobs)
-        for job in jobs:
-            self._hold(f"jobs/{job.job_id}", job.ips, job.vni, job.nodes)
-            mine = self.own_job(job.job_id)
-            if mine is not None and job.to_json() != mine.to_json():
-                self._tampered(self.keys.job(job.job_id), job.revision, store_json(mine.to_json()))
-        for what in ("logins", "containers"):
-            for kv in by[what]:
-                rel = kv.key[len(self.keys.prefix(what)) :]
-                self._pod_record(kv.key, what, rel, kv)
-        if self._set_nodes(by["nodes"]) and self.fw is not None:  # no firewall: a view only
+            self.alloc.jobs.reset(read.jobs())
+        for change in changes:
+            if isinstance(change, AddressesChanged | UserPodsChanged):
+                self.act(change)
+        nodes_changed = any(isinstance(c, NodesChanged) for c in changes)
+        if nodes_changed and self.fw is not None:  # no firewall: the tests' view only
             self.resync_firewall()
         for what in ("nodes", "routes", "fdb"):
             self.queue(what)
-        return r.revision
+        return read.revision
 
     def watch(self, rev: int, stop: threading.Event) -> None:
         for prefix in WATCHED:
@@ -340,17 +189,9 @@ class EtcdSync:
                 time.sleep(1)
 
     # -- what a pass does ----------------------------------------------------------------
-    def _set_nodes(self, kvs: list[KV]) -> bool:
-        ips = {kv.key.rsplit("/", 1)[-1]: str(_json(kv).get("ip")) for kv in kvs}
-        with self.view.mutex:
-            if ips == self.view.node_ips:
-                return False
-            self.view.node_ips = ips
-        return True
-
     def refresh_nodes(self) -> bool:
         """The node table from etcd; True if it changed (firewall resynced)."""
-        if not self._set_nodes(self.etcd.get_prefix(self.keys.prefix("nodes"))[0]):
+        if not self.view.set_nodes(self.etcd.get_prefix(self.keys.prefix("nodes"))[0]):
             return False
         self.resync_firewall()
         return True
@@ -370,17 +211,3 @@ class EtcdSync:
     def sync_fdb(self) -> None:
         for vni in list(self.dp.user_ports()):
             self.user_fdb(vni)
-
-
-def store_json(d: dict[str, Any]) -> str:
-    """A record's text as the allocator writes it (op_put's encoding)."""
-    return json_dumps(d)
-
-
-def _json(kv: KV | None) -> dict[str, Any]:
-    """A record's JSON object ({} when it is something else)."""
-    try:
-        d = kv.json() if kv is not None else None
-    except ValueError:
-        return {}
-    return d if isinstance(d, dict) else {}

@@ -4,12 +4,14 @@ configuration is known, each built with everything it uses, in the order of what
 what (no callback is set afterwards):
 
     allocator, dataplane, firewall, pod wiring        (state and kernel)
-    ClusterView, SyncQueue                            (view.py: the watches' view, the work)
+    ClusterView, SyncQueue                            (state.clusterview: the watches' view;
+                                                       workqueue.py: the sync loop's work)
     UserNetworks(view, work)                          reads VTEPs and VNIs, queues a new network
     Containers(nets, ...)
     Reconciler(nets, view, containers.adopt, ...)     adopts at start, collects garbage
-    EtcdSync(view, work, reconcile.own_job, ...)      writes the view, applies the work
-    NodeLease, RecordGuard(reconcile.local.load, ...)
+    RecordRepair(work, reconcile.own_job, ...)        tamper repair of the watched records
+    EtcdSync(view, work, repair, ...)                 events -> view -> changes applied
+    NodeLease, RecordGuard(reconcile.local.load, ...) tamper repair of the pods' records
 """
 
 from __future__ import annotations
@@ -26,14 +28,15 @@ from podnet.kernel.pidns import PidNamespaces
 from podnet.names import Keys
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
-from podnet.node.guard import RecordGuard
 from podnet.node.pods import PodTable, PodWiring
 from podnet.node.reconcile import Reconciler
+from podnet.node.repair import RecordGuard, RecordRepair
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
-from podnet.node.view import ClusterView, SyncQueue
+from podnet.node.workqueue import SyncQueue
 from podnet.state import quota
 from podnet.state.alloc import Allocator, JobRecords
+from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
 from podnet.state.store import Etcd
@@ -149,6 +152,12 @@ class NodePlane:
         def egress_check() -> None:
             ensure_egress_route(cc.egress_gateway, cfg.underlay_interface)
 
+        repair = RecordRepair(
+            etcd,
+            work,
+            own_job=reconcile.own_job,
+            on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
+        )
         sync = EtcdSync(
             etcd,
             keys,
@@ -159,8 +168,7 @@ class NodePlane:
             pods,
             view,
             work,
-            own_job=reconcile.own_job,
-            on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
+            repair,
             on_idle=egress_check if cc.egress_gateway and not gateway_node else None,
         )
         guard = RecordGuard(

@@ -16,11 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from podnet.config import ClusterConfig
-from podnet.kernel import nl
 from podnet.kernel.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.kernel.firewall import Firewall
 from podnet.kernel.nsscan import NsId
-from podnet.names import login_label
+from podnet.names import login_label, mac_for_ip
 from podnet.state.alloc import Job
 
 
@@ -166,7 +165,7 @@ class PodTable:
     def fw_ports(self) -> list[tuple[str, str, str, int]]:
         """(veth, MAC, IP, VNI) of every wired pod: the firewall's anti-spoofing set and
         fast path."""
-        return [(p.veth, nl.mac_for_ip(p.ip), p.ip, p.vni) for p in self.all() if p.veth]
+        return [(p.veth, mac_for_ip(p.ip), p.ip, p.vni) for p in self.all() if p.veth]
 
 
 class PodWiring:
@@ -207,7 +206,7 @@ class PodWiring:
         spec = PodSpec(pod.name, pod.ip, pod.prefix, pod.vni, cc.pod_mtu, cc.gateway_ip)
         pod.veth = self.dp.wire_pod(ns, spec, search + cc.search_domains, cc.dns_servers)
         try:
-            self.fw.add_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip, pod.vni)
+            self.fw.add_port(pod.veth, mac_for_ip(pod.ip), pod.ip, pod.vni)
         except Exception:
             self.remove_kernel(pod)
             raise
@@ -222,7 +221,7 @@ class PodWiring:
         """Undo `build`; True if the netns existed."""
         existed = self.remove_kernel(pod)
         if pod.veth:
-            self.fw.del_port(pod.veth, nl.mac_for_ip(pod.ip), pod.ip)
+            self.fw.del_port(pod.veth, mac_for_ip(pod.ip), pod.ip)
         return existed
 
     def remove(self, name: str, pod: Pod | None) -> bool:

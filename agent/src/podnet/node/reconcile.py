@@ -36,9 +36,9 @@ from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
-from podnet.node.view import ClusterView
 from podnet.state import quota
 from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.reconcile")

@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-user networks on this node: the user's VNI, bridge and VXLAN device, from the user's
 first pod here until `user_net_linger` seconds after their last one. Which nodes are the
-VTEPs of a user's network comes from the pod records (`view.ClusterView.vteps_of`):
-nothing is registered for it. For podnetd of earlier versions during a rolling upgrade,
-which still read `vteps/<vni>/<node>`, this node writes its own there too, in the
-background, until etcd refuses it (authentication on: nodes may not write there).
+VTEPs of a user's network comes from the pod records
+(`state.clusterview.ClusterView.vteps_of`): nothing is registered for it. For podnetd of
+earlier versions during a rolling upgrade, which still read `vteps/<vni>/<node>`, this
+node writes its own there too, in the background, until etcd refuses it (authentication
+on: nodes may not write there).
 
 Everything about one user's network and pods on this node happens under that user's lock
 (`lock(uid)`): the first pod of a user builds the network once, the last one schedules
@@ -23,8 +24,9 @@ from concurrent.futures import ThreadPoolExecutor
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
 from podnet.node.pods import PodTable
-from podnet.node.view import ClusterView, SyncQueue
+from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator
+from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdPermissionDenied, EtcdRequestError, EtcdUnavailable
 
 log = logging.getLogger("podnet.usernets")

@@ -60,6 +60,18 @@ class Ipam:
             self.node_blocks.setdefault(node, []).append(block)
             self.node_blocks[node].sort()
 
+    def reset(self, blocks: dict[ipaddress.IPv4Network, str | None], used: Iterable[str]) -> None:
+        """The view from a whole read: the blocks' owners, the addresses in use (claims
+        of ours forgotten)."""
+        with self.lock:
+            self.used.clear()
+            self.blocks.clear()
+            self.node_blocks.clear()
+            self.claims.clear()
+        for blk, node in blocks.items():
+            self.set_block(blk, node)
+        self.mark(used)
+
     def claim_block(self, node: str) -> ipaddress.IPv4Network:
         """A free block put in the view as `node`'s until etcd answers the transaction
         that claims it (`confirm_blocks` or `unclaim_blocks`)."""

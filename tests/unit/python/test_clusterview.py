@@ -1,0 +1,264 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The cluster view in the state layer (`podnet.state.clusterview`, `watchrecords`), fed
+watch events as plain values (`make unit`, no etcd): what each record does to the view and
+which changes it reports for the node layer's appliers; the one-revision read `podnet
+doctor` uses."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+from contextlib import nullcontext
+from typing import Any
+
+import pytest
+from fake_etcd import FakeEtcd
+from podnet.cli import podnet as cli
+from podnet.config import NodeConfig
+from podnet.names import Keys
+from podnet.node.repair import RecordRepair
+from podnet.node.workqueue import SyncQueue
+from podnet.state.alloc import Job
+from podnet.state.clusterview import (
+    AddressesChanged,
+    BlockChanged,
+    ClusterView,
+    JobChanged,
+    NodesChanged,
+    UserChanged,
+    UserPodsChanged,
+)
+from podnet.state.etcdops import KV
+from podnet.state.watchrecords import BlockRecord, ClusterRead, JobRecord, PodRecord, record_of
+
+KEYS = Keys("u")
+ROOT = "/podnet/u/"
+N1, N2, N3 = "203.0.113.11", "203.0.113.12", "203.0.113.13"
+
+
+def _kv(key: str, value: Any, rev: int = 7) -> KV:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return KV(ROOT + key, text, rev, rev)
+
+
+def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> dict[str, Any]:
+    return {
+        "job_id": job_id,
+        "user": "alice",
+        "uid": 2001,
+        "name": "j",
+        "label": "j",
+        "nodes": nodes,
+        "ips": ips,
+        "vni": vni,
+    }
+
+
+def _put(view: ClusterView, key: str, value: Any) -> list[Any]:
+    rec = record_of(KEYS, "put", ROOT + key, _kv(key, value))
+    return view.apply(rec) if rec is not None else []
+
+
+def _delete(view: ClusterView, key: str) -> list[Any]:
+    rec = record_of(KEYS, "delete", ROOT + key, None)
+    return view.apply(rec) if rec is not None else []
+
+
+def _view() -> ClusterView:
+    view = ClusterView("n1")
+    view.node_ips = {"n1": N1, "n2": N2, "n3": N3}
+    return view
+
+
+def test_a_node_put_or_deleted_says_the_node_table_changed() -> None:
+    view = ClusterView("n1")
+    assert _put(view, "nodes/n2", {"ip": N2}) == [NodesChanged("n2")]
+    assert _delete(view, "nodes/n2") == [NodesChanged("n2")]
+    # the table itself is read whole (one range): the pass's `set_nodes`
+    assert view.set_nodes([_kv("nodes/n1", {"ip": N1}), _kv("nodes/n2", {"ip": N2})])
+    assert not view.set_nodes([_kv("nodes/n1", {"ip": N1}), _kv("nodes/n2", {"ip": N2})])
+    assert view.node_addresses() == [N1, N2]
+    assert view.set_nodes([_kv("nodes/n1", {"ip": N1})])
+    assert view.node_addresses() == [N1]
+
+
+def test_a_job_on_several_nodes_gives_each_vni_its_vteps() -> None:
+    view = _view()
+    got = _put(view, "jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000))
+    assert isinstance(got[0], JobChanged) and got[0].job_id == 3
+    assert got[0].job is not None and got[0].job.nodes == ["n1", "n2"]
+    assert got[1:] == [AddressesChanged((), ("198.18.0.1", "198.18.0.66")), UserPodsChanged(5000)]
+    got = _put(view, "jobs/4", _job(4, ["n3"], ["198.18.0.130"], 5001))
+    assert got[-1] == UserPodsChanged(5001)
+    assert view.vteps_of(5000) == [N1, N2]
+    assert view.vteps_of(5001) == [N1, N3]  # this node is always one of them
+    assert view.vteps_of(5002) == [N1]
+    assert view.remote_macs(5000) == {"0a:58:c6:12:00:42": N2}  # own pods: no entry
+    # the job ends: its addresses are freed, n2 is no VTEP of 5000 any more
+    assert _delete(view, "jobs/3") == [
+        JobChanged(3, None),
+        AddressesChanged(("198.18.0.1", "198.18.0.66"), ()),
+        UserPodsChanged(5000),
+    ]
+    assert view.vteps_of(5000) == [N1]
+
+
+def test_a_pod_that_moves_changes_the_vteps_of_its_vni() -> None:
+    view = _view()
+    _put(view, "users/alice", {"vni": 5000, "uid": 2001})
+    assert _put(view, "logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001}) == [
+        AddressesChanged((), ("198.18.0.67",)),
+        UserPodsChanged(5000),
+    ]
+    assert view.remote_macs(5000) == {"0a:58:c6:12:00:43": N2}
+    # the same address now named by a record of n3 (a container), then n2's record goes
+    _put(view, "containers/n3/pn-c0", {"ip": "198.18.0.67", "user": "alice", "vni": 5000})
+    assert view.remote_macs(5000) == {"0a:58:c6:12:00:43": N3}
+    assert view.vteps_of(5000) == [N1, N3]
+    # a job's pod on n2, then its record names n3 for the same address
+    _put(view, "jobs/5", _job(5, ["n2"], ["198.18.0.70"], 5000))
+    assert view.vteps_of(5000) == [N1, N2, N3]
+    got = _put(view, "jobs/5", _job(5, ["n3"], ["198.18.0.70"], 5000))
+    assert got[1:] == [AddressesChanged((), ("198.18.0.70",)), UserPodsChanged(5000)]
+    assert view.vteps_of(5000) == [N1, N3]
+    assert view.remote_macs(5000)["0a:58:c6:12:00:46"] == N3
+    # a pod moving to this node: no remote pod of it left
+    got = _put(view, "jobs/5", _job(5, ["n1"], ["198.18.0.70"], 5000))
+    assert got[-1] == UserPodsChanged(5000)
+    assert "0a:58:c6:12:00:46" not in view.remote_macs(5000)
+
+
+def test_a_users_vni_is_what_login_records_are_placed_by() -> None:
+    view = _view()
+    # a login record before its user's: no VNI to place it in yet
+    assert _put(view, "logins/n2/bob", {"ip": "198.18.0.80", "uid": 2002}) == []
+    assert _put(view, "users/bob", {"vni": 5002, "uid": 2002}) == [UserChanged("bob", 5002)]
+    assert view.user_vni("bob") == 5002
+    assert _put(view, "logins/n2/bob", {"ip": "198.18.0.80", "uid": 2002})[-1] == (
+        UserPodsChanged(5002)
+    )
+    assert view.vteps_of(5002) == [N1, N2]
+    assert _delete(view, "users/bob") == [UserChanged("bob", None)]
+    assert view.user_vni("bob") is None
+
+
+def test_malformed_values_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
+    view = _view()
+    _put(view, "jobs/6", _job(6, ["n2"], ["198.18.0.90"], 5000))
+    with caplog.at_level(logging.WARNING, logger="podnet.sync"):
+        assert _put(view, "jobs/6", "not json") == []  # what the view had stays
+        assert _put(view, "jobs/7", {"job_id": 7}) == []  # JSON, not a job record
+        assert _put(view, "logins/n2/carol", "{") == []
+        assert _put(view, "containers/n2/pn-c1", "[1, 2]") == []
+        assert _put(view, "users/carol", "nope") == [UserChanged("carol", None)]
+        assert _put(view, "blocks/198.18.0.0-26", "?") == [
+            BlockChanged(ipaddress.IPv4Network("198.18.0.0/26"), None)
+        ]
+        assert _put(view, "blocks/not-a-block", {"node": "n2"}) == []
+    assert view.vteps_of(5000) == [N1, N2]
+    unreadable = [r.getMessage() for r in caplog.records]
+    assert len(unreadable) == 7, unreadable
+    assert any("jobs/6" in m for m in unreadable) and any("not-a-block" in m for m in unreadable)
+
+
+def test_blocks_and_keys_the_view_does_not_follow() -> None:
+    view = _view()
+    got = _put(view, "blocks/198.18.0.64-26", {"node": "n2"})
+    assert got == [BlockChanged(ipaddress.IPv4Network("198.18.0.64/26"), "n2")]
+    assert record_of(KEYS, "put", ROOT + "ips/198.18.0.5", _kv("ips/198.18.0.5", {})) is None
+    assert record_of(KEYS, "put", ROOT + "vteps/5000/n2", _kv("vteps/5000/n2", {})) is None
+    assert record_of(KEYS, "put", "/podnet/other/jobs/1", None) is None
+    assert record_of(KEYS, "put", ROOT + "jobs/x", None) is None
+    assert record_of(KEYS, "put", ROOT + "logins/n2", None) is None
+    assert isinstance(record_of(KEYS, "delete", ROOT + "blocks/198.18.0.0-26", None), BlockRecord)
+
+
+def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
+    etcd = FakeEtcd()
+    etcd.put(ROOT + "nodes/n1", {"ip": N1})
+    etcd.put(ROOT + "nodes/n2", {"ip": N2})
+    etcd.put(ROOT + "users/alice", {"vni": 5000, "uid": 2001})
+    etcd.put(ROOT + "jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000))
+    etcd.put(ROOT + "logins/n3/alice", {"ip": "198.18.0.130", "uid": 2001})
+    etcd.put(ROOT + "blocks/198.18.0.0-26", {"node": "n1"})
+    etcd.put(ROOT + "ips/198.18.0.1", {"vni": 5000})
+    txns = etcd.txns
+    view = ClusterView.load(etcd, KEYS, "n1")  # type: ignore[arg-type]
+    assert etcd.txns == txns + 1
+    assert view.vteps_of(5000) == [N1, N2]  # n3 has no node record
+    assert view.user_vni("alice") == 5000
+    assert set(view.remote_macs(5000).values()) == {N2}
+    read = ClusterRead.of(etcd, KEYS)  # type: ignore[arg-type]
+    assert [j.job_id for j in read.jobs()] == [3]
+    assert read.blocks() == {ipaddress.IPv4Network("198.18.0.0/26"): "n1"}
+    assert read.addresses() == ["198.18.0.1"]
+    # a reset says what the records hold and that the node table changed
+    changes = ClusterView("n1").reset(read)
+    assert NodesChanged("") in changes
+    used = {ip for c in changes if isinstance(c, AddressesChanged) for ip in c.used}
+    assert used == {"198.18.0.1", "198.18.0.66", "198.18.0.130"}
+
+
+def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> None:
+    """Tamper repair in its own room: the view gets this node's copy, the write back is
+    queued; a user's record changed by another writer never reaches the view."""
+    work = SyncQueue()
+    mine = Job.from_json(_job(8, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000), 3)
+    repair = RecordRepair(FakeEtcd(), work, own_job=lambda j: mine if j == 8 else None)  # type: ignore[arg-type]
+    forged = {**_job(8, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000), "user": "mallory"}
+    rec = record_of(KEYS, "put", ROOT + "jobs/8", _kv("jobs/8", forged))
+    assert isinstance(rec, JobRecord)
+    screened = repair.screen(rec)
+    assert isinstance(screened, JobRecord) and screened.job is mine
+    assert work.take() == {"restore"}
+    view = _view()
+    assert view.apply(screened)[0] == JobChanged(8, mine)
+    first = record_of(KEYS, "put", ROOT + "users/bob", _kv("users/bob", {"vni": 5002}))
+    changed = record_of(KEYS, "put", ROOT + "users/bob", _kv("users/bob", {"vni": 5000}, 9))
+    assert first is not None and changed is not None
+    assert repair.screen(first) is first and repair.screen(changed) is None
+    assert work.take() == {"restore"}
+    pod = record_of(KEYS, "put", ROOT + "logins/n2/bob", _kv("logins/n2/bob", {"ip": "x"}))
+    assert isinstance(pod, PodRecord) and repair.screen(pod) is pod
+
+
+def test_podnet_doctor_compares_the_fdb_with_the_view_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`podnet doctor`'s FDB check reads the view with `ClusterView.load` (one read, no
+    allocator, dataplane, firewall or sync loop): each user VXLAN's flood entries against
+    the other nodes with a pod of that user."""
+    etcd = FakeEtcd()
+    lab = "/podnet/lab/"
+    for n, ip in (("c1", N1), ("c2", N2), ("c3", N3)):
+        etcd.put(f"{lab}nodes/{n}", {"ip": ip})
+    etcd.put(f"{lab}jobs/3", _job(3, ["c1", "c2"], ["198.18.0.1", "198.18.0.66"], 5000))
+    etcd.put(f"{lab}containers/c3/pn-c0", {"ip": "198.18.0.130", "user": "bob", "vni": 5001})
+    cfg = NodeConfig.from_dict(
+        {
+            "node": "c1",
+            "underlay_interface": "eth0",
+            "underlay_ip": N1,
+            "cluster": "lab",
+            "etcd_endpoints": ["http://127.0.0.1:2379"],
+        },
+        "test",
+    )
+    links = {
+        "pnvx5000": {"kind": "vxlan", "vni": 5000, "index": 10},
+        "pnvx5001": {"kind": "vxlan", "vni": 5001, "index": 11},
+        "eth0": {"kind": "", "index": 2},
+    }
+    fdb = {10: {N2}, 11: {N2}}  # 5001's flood entry names the wrong node
+    monkeypatch.setattr(cli.Etcd, "of_node", staticmethod(lambda _cfg: etcd))
+    monkeypatch.setattr(cli.nl, "Netlink", lambda: nullcontext(None))
+    monkeypatch.setattr(cli.nlquery, "links", lambda _sock: links)
+    monkeypatch.setattr(cli.nlquery, "fdb_dsts", lambda _sock, index: fdb[index])
+    txns = etcd.txns
+    got = {c["check"]: (c["ok"], c["detail"]) for c in cli._fdb_drift(cfg)}
+    assert etcd.txns == txns + 1
+    assert got == {
+        "fdb:pnvx5000": (True, "in sync"),
+        "fdb:pnvx5001": (False, f"missing ['{N3}'], extra ['{N2}']"),
+    }
