@@ -136,6 +136,13 @@ def test_a_burst_of_60_gets_the_quota_the_rest_equota_and_bob_is_served() -> Non
         assert len(my_containers("alice")) == quota
         # bob: not delayed by more than the bound, and asked while the burst was answered
         took_alone, took = unloaded[1] - unloaded[0], loaded[1] - loaded[0]
+        eunavail = sum("EUNAVAIL" in e for e in refused.values())
+        equota = sum("(EQUOTA)" in e for e in refused.values())
+        print(
+            f"burst of {BURST}: {len(started)} started (quota {quota}), {equota} EQUOTA, "
+            f"{eunavail} EUNAVAIL; bob's container took {took:.2f} s during it, "
+            f"{took_alone:.2f} s alone (bound +{DELAY_BOUND_S} s)"
+        )
         assert took - took_alone <= DELAY_BOUND_S, (took_alone, took)
         last = max(float(t) for t in [*got["ok"].values(), *(got["end"][i] for i in refused)])
         assert loaded[0] < last, "the burst was answered before bob asked: proved nothing"
