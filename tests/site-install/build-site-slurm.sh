@@ -96,8 +96,9 @@ systemd-nspawn --quiet --register=no --keep-unit --private-network --volatile=ov
     die "build failed in $rootfs ($release)"
 }
 grep '^build: ' "$work/make.log" >&2
-[ -x "$b/pkg/opt/slurm/sbin/slurmd" ] && [ -e "$b/pkg/opt/slurm/include/slurm/spank.h" ] \
-    && [ -e "$b/pkg/opt/slurm/lib/slurm/mpi_pmix.so" ] || die "the build installed no slurmd, spank.h or mpi_pmix.so"
+for f in sbin/slurmd include/slurm/spank.h lib/slurm/mpi_pmix.so; do
+    [ -e "$b/pkg/opt/slurm/$f" ] || die "the build installed no /opt/slurm/$f"
+done
 tar -C "$b/pkg" --numeric-owner --owner=0 --group=0 --sort=name -cf - opt etc | zstd -q -T0 -3 -o "$out.tmp"
 mv -f "$out.tmp" "$out"
 echo "site slurm: $(basename "$out") ($(du -h "$out" | cut -f1)) in $((SECONDS - t0)) s" >&2
