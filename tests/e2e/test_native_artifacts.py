@@ -35,7 +35,8 @@ def _artifact_sums(node: str) -> dict[str, str]:
         if d
         for p in Path(d).glob(f"podnet-native-*-{release}-{arch}-slurm{slurm}")
     )
-    assert found, f"no native artifact for {release}-{arch}-slurm{slurm} in {ARTIFACTS} {BUILT_ON_NODE}"
+    where = f"{ARTIFACTS} {BUILT_ON_NODE}".strip()
+    assert found, f"no native artifact for {release}-{arch}-slurm{slurm} in {where}"
     sums = {}
     for line in (found[-1] / "SHA256SUMS").read_text().splitlines():
         digest, name = line.split()
