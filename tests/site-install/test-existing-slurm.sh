@@ -110,7 +110,9 @@ if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
 else ko "plugstack.conf include" "$c1_plugstack"; fi
 if [ "${PODNET_SITE_OPT_SLURM:-0}" = 1 ]; then   # run.sh: the site's Slurm under /opt/slurm, configless
     flat=$(tr -s ' \n' '  ' <"$out/2-site.log")
-    if grep -q "c1: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat"; then
+    if grep -q "c1: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat" \
+            && grep -q "login: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat" \
+            && grep -q "ctl: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /etc/slurm/slurm.conf)" <<<"$flat"; then
         ok "preflight names the site's Slurm it found (/opt/slurm, configless)"
     else ko "preflight names the site's Slurm" "$(grep -m2 -A3 'Name the Slurm found' "$out/2-site.log")"; fi
     built=$(grep -c "^changed: \[.*\] => (item=podnet_spank.so)\|TASK \[.*Build against this node's Slurm 24.11\]" "$out/2-site.log" || true)
