@@ -132,8 +132,13 @@ if upgrade "$out/1-upgrade.log"; then ok "hpc.podnet.upgrade from $url"
 else ko "hpc.podnet.upgrade from $url" "$(grep -m3 -A8 'fatal:' "$out/1-upgrade.log")"; fi
 lap "upgrade"
 fetched=$(grep -c '"GET /[^ ]* HTTP/1.[01]" 200' "$out/mirror.log" || true)
+# the new native build: from the mirror, or (a platform the release lacks: the site's own
+# Slurm, PODNET_E2E_NATIVE_BUILT) built on a node by the upgrade and kept on the controller
+built=$(ls "${PODNET_E2E_NATIVE_BUILT:-/nonexistent}"/podnet-native-"$version"-*/SHA256SUMS 2>/dev/null || true)
 if [ "$fetched" -gt 1 ] && grep -q "GET /podnet-native-$version-" "$out/mirror.log"; then
     ok "the new native build came from the mirror ($fetched files fetched)"
+elif [ "$fetched" -gt 1 ] && [ -n "$built" ]; then
+    ok "the artifacts came from the mirror ($fetched files fetched), the new native build from a node ($(dirname "$built"))"
 else ko "artifacts from the mirror" "$(tail -5 "$out/mirror.log")"; fi
 
 state=$("$lab" ssh login "${rp}squeue -h -j $job -o %T" || true)
