@@ -70,8 +70,12 @@ if not Path(f"/var/lib/podnet-lab/{LAB}/lab.env").exists():
 def ssh(
     target: str, cmd: str, check: bool = True, timeout: float = 120
 ) -> subprocess.CompletedProcess[str]:
-    """Run `cmd` (a shell command line) on a lab node as root or as user@node."""
+    """Run `cmd` (a shell command line) on a lab node as root or as user@node. As root, with
+    PODNET_E2E_ROOT_PATH's directories first on PATH (a site's Slurm off root's default PATH,
+    as an admin's login shell has it: tests/site-install/run.sh)."""
     env = {**os.environ, "LAB_NAME": LAB}
+    if "@" not in target and os.environ.get("PODNET_E2E_ROOT_PATH"):
+        cmd = f"PATH={os.environ['PODNET_E2E_ROOT_PATH']}:$PATH; {cmd}"
     r = subprocess.run(
         [str(REPO / "tests/lab/lab.sh"), "ssh", target, cmd],
         env=env,

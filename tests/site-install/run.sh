@@ -13,7 +13,10 @@
 #     wheelhouse, the native build for Debian 12 + Slurm 22.05 and Apptainer for Debian 12
 #     (agent/artifacts/build-apptainer-deb.sh: built once, then cached by its inputs), built
 #     here from the nodes' image;
-#   - Slurm is the site's (tests/site-install/site-slurm.yml, slurm_manage: false):
+#   - Slurm is the site's own: 24.11 built under /opt/slurm (build-site-slurm.sh; Debian's
+#     packages purged, sinfo not on root's default PATH), configless (slurmd --conf-server, sackd
+#     on login), an Include'd partitions.conf, plugstack.conf.d/ (tests/site-install/site-slurm.yml,
+#     slurm_manage: false); the bundle has no native build for it, so podnet builds one on a node;
 #     test-existing-slurm.sh checks the refusal without PrologFlags=Contain, the deployment,
 #     the e2e tests below as the lab's users, and reset.yml giving /etc/slurm back unchanged.
 # PODNET_SITE_KEEP=1 keeps the lab up; PODNET_SITE_LAB / PODNET_SITE_SUBNET move it.
@@ -32,6 +35,9 @@ down() { [ "${PODNET_SITE_KEEP:-0}" = 1 ] || "$LAB" down; }
 trap down EXIT
 # Apptainer for Debian 12, before the lab is up: ~15 min the first time (Go, on 2 cores), then cached
 "$ROOT/agent/artifacts/build-apptainer-deb.sh" "$("$LAB" image)"
+# the site's own Slurm (issue 35): 24.11 built in-house under /opt/slurm, not Debian 12's 22.05
+# (~4 min the first time, then cached by its inputs)
+site_slurm=$("$ROOT/tests/site-install/build-site-slurm.sh" "$("$LAB" image)" | tail -n 1)
 # the stock Debian packages of air-gapped Debian 12 nodes (a few seconds; cached by their inputs)
 "$ROOT/agent/artifacts/build-debian-packages.sh" bookworm
 "$LAB" down >/dev/null 2>&1 || true
@@ -43,11 +49,16 @@ echo "site-install: lab up in $((SECONDS - t0)) s"
 # (every podnet node's: the agent's and Ansible's apt module's; compute and login nodes' too:
 # what Apptainer and Flannel need)
 export PODNET_SITE_AIRGAP_PACKAGES="python3-venv python3.11-venv python3-nftables nftables libnftables1 python3-apt"
+export PODNET_SITE_SLURM_PACKAGES="slurmd slurmctld slurm-client libslurm-dev slurm-wlm-basic-plugins libslurm38"
 export PODNET_SITE_AIRGAP_POD_PACKAGES="containernetworking-plugins squashfs-tools uidmap"
 # shellcheck source=/dev/null
 for n in $(. "/var/lib/podnet-lab/$LAB_NAME/lab.env" && echo "$LAB_NODES"); do
     "$LAB" ssh "$n" "rm -rf /etc/apt/sources.list /etc/apt/sources.list.d/* /var/lib/apt/lists/* && apt-get -q clean \
         && DEBIAN_FRONTEND=noninteractive dpkg --purge $PODNET_SITE_AIRGAP_PACKAGES $PODNET_SITE_AIRGAP_POD_PACKAGES >/dev/null"
+    # no Slurm package: the site's build under /opt/slurm (its units in /etc/systemd/system),
+    # configured by site-slurm.yml (configless)
+    "$LAB" ssh "$n" "DEBIAN_FRONTEND=noninteractive dpkg --purge $PODNET_SITE_SLURM_PACKAGES >/dev/null"
+    zstd -dc "$site_slurm" | "$LAB" ssh "$n" "tar -C / --no-same-owner -xf - && systemctl daemon-reload"
 done
 
 # the release a site downloads: the collection tarball and the artifact directory
@@ -75,7 +86,11 @@ export ANSIBLE_PLAYBOOK=$out/ansible-playbook PODNET_PLAYBOOKS=hpc.podnet
 # Debian 12: Apptainer from the bundle (podnet's Debian 12 build); etcd 3.5 from the bundle's
 # release tarball (Debian 12 ships 3.4; its checksum from the bundle's SHA256SUMS); the stock
 # Debian packages from the bundle's archive (the nodes have no apt source)
-export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_method=artifact -e podnet_package_source=bundle"
+# the bundle has no native build for the site's Slurm 24.11 on Debian 12: podnet builds it on a
+# node into podnet_native_build_dir (emptied first: built by this run)
+rm -rf "$out/native-built"
+export PODNET_SITE_ARGS="-e podnet_artifact_dir=$out/artifacts -e etcd_install_method=artifact -e podnet_package_source=bundle -e podnet_native_build_dir=$out/native-built"
+export PODNET_E2E_NATIVE_BUILT=$out/native-built PODNET_E2E_ROOT_PATH=/opt/slurm/bin:/opt/slurm/sbin
 # what a user does on a Debian 12 node, after the deployment: jobs in pods, their names and
 # MPI, another user's pods out of reach, opt-out steps, the prebuilt binaries, podnet verify,
 # SSH sessions into job and login pods and the SSH attacks, containers in pods (Apptainer) and
@@ -89,6 +104,6 @@ export PODNET_SITE_E2E="python -m pytest -q -p no:cacheprovider --durations=10 \
   $ROOT/tests/e2e/test_verify.py::test_the_playbook_proves_isolation $ROOT/tests/e2e/test_optout.py \
   $ROOT/tests/e2e/test_ssh.py $ROOT/tests/e2e/test_attack_ssh.py \
   $ROOT/tests/e2e/test_apptainer.py $ROOT/tests/e2e/test_images.py"
-export PODNET_E2E_LAB=$LAB_NAME
+export PODNET_E2E_LAB=$LAB_NAME PODNET_SITE_OPT_SLURM=1
 "$ROOT/tests/site-install/test-existing-slurm.sh"
 echo "site-install: total $((SECONDS - t0)) s"

@@ -101,11 +101,30 @@ if [ -n "${PODNET_SITE_AIRGAP_PACKAGES:-}" ]; then   # air-gapped nodes (run.sh)
     if [ -z "$bad" ]; then ok "air-gapped nodes: the purged packages came back from the bundle's archive, the only apt source"
     else ko "air-gapped nodes install from the bundle's archive" "$bad"; fi
 fi
-c1_plugstack=$("$lab" ssh c1 cat /etc/slurm/plugstack.conf)
+# configless: c1 reads the plugstack.conf slurmctld sent (/run/slurm/conf), which includes
+# its own plugstack.conf.d, where the site's site.conf and podnet's podnet.conf are
+c1_plugstack=$("$lab" ssh c1 'cat /run/slurm/conf/plugstack.conf 2>/dev/null || cat /etc/slurm/plugstack.conf; ls /etc/slurm/plugstack.conf.d')
 if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
-        && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack"; then
-    ok "the site's plugstack.conf keeps its lines and includes plugstack.conf.d"
+        && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack" && grep -qx podnet.conf <<<"$c1_plugstack"; then
+    ok "the site's plugstack.conf keeps its lines and includes plugstack.conf.d (podnet.conf in it)"
 else ko "plugstack.conf include" "$c1_plugstack"; fi
+if [ "${PODNET_SITE_OPT_SLURM:-0}" = 1 ]; then   # run.sh: the site's Slurm under /opt/slurm, configless
+    flat=$(tr -s ' \n' '  ' <"$out/2-site.log")
+    if grep -q "c1: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat" \
+            && grep -q "login: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat" \
+            && grep -q "ctl: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /etc/slurm/slurm.conf)" <<<"$flat"; then
+        ok "preflight names the site's Slurm it found (/opt/slurm, configless)"
+    else ko "preflight names the site's Slurm" "$(grep -m2 -A3 'Name the Slurm found' "$out/2-site.log")"; fi
+    built=$(grep -c "^changed: \[.*\] => (item=podnet_spank.so)\|TASK \[.*Build against this node's Slurm 24.11\]" "$out/2-site.log" || true)
+    if grep -q "TASK \[.*Build against this node's Slurm 24.11\]" "$out/2-site.log" \
+            && "$lab" ssh c2 "test -e /usr/local/lib/podnet/podnet_spank.so" \
+            && [ "$(for n in c1 c2 login; do "$lab" ssh "$n" sha256sum /usr/local/lib/podnet/podnet_spank.so | cut -d' ' -f1; done | sort -u | wc -l)" = 1 ]; then
+        ok "the native build for Slurm 24.11 (not in the release) built once on a node, the same plugin on c1, c2, login"
+    else ko "the native build made on a node" "$built $(grep -m3 -A6 'Build against' "$out/2-site.log")"; fi
+    nopkg=$("$lab" ssh c1 "dpkg-query -W -f='\${db:Status-Abbrev}\${Package}\n' 2>/dev/null | grep '^ii .*slurm'; command -v sinfo; ls /etc/slurm/slurm.conf 2>&1 | grep -v 'No such'; true")
+    if [ -z "$nopkg" ]; then ok "c1: no Slurm package, no sinfo on root's PATH, no slurm.conf (configless)"
+    else ko "c1 has only the site's /opt Slurm" "$nopkg"; fi
+fi
 job=$("$lab" ssh alice@login "cd /tmp && srun -N2 -w c1,c2 -t 2 ip -br -4 addr show eth0" 2>&1 || true)
 if [ "$(grep -c ' 198\.1[89]\.' <<<"$job")" = 2 ]; then ok "a 2-node job runs in its pods"; else ko "a job in its pods" "$job"; fi
 if [ -n "${PODNET_SITE_E2E:-}" ]; then   # the e2e tests a site's users would notice, on this deployment

@@ -43,6 +43,8 @@ passed=0 failed=0
 ok() { echo "PASS $1"; passed=$((passed + 1)); }
 ko() { echo "FAIL $1${2:+: $2}"; failed=$((failed + 1)); }
 t0=$SECONDS
+# root's Slurm commands on the nodes: a site's Slurm may be off root's default PATH (run.sh)
+rp=${PODNET_E2E_ROOT_PATH:+PATH=$PODNET_E2E_ROOT_PATH:\$PATH; }
 lap() { echo "upgrade: $1 at $((SECONDS - t0)) s"; }
 
 # the deployment's arguments, with the mirror instead of the local bundle
@@ -57,7 +59,7 @@ done
 server=
 job=
 cleanup() {
-    [ -z "$job" ] || "$lab" ssh login "scancel $job" >/dev/null 2>&1 || true
+    [ -z "$job" ] || "$lab" ssh login "${rp}scancel $job" >/dev/null 2>&1 || true
     [ -z "$server" ] || kill "$server" 2>/dev/null || true
 }
 trap cleanup EXIT
@@ -106,7 +108,7 @@ print(' '.join(p['ip'] + ' ' + p['netns'] for p in json.load(sys.stdin) if p.get
 job=$("$lab" ssh alice@login "cd /tmp && sbatch --parsable -J upg -N2 -w c1,c2 -o /tmp/upg-%j.out --wrap 'sleep 3600'" | tr -dc 0-9)
 state=
 for _ in $(seq 120); do
-    state=$("$lab" ssh login "squeue -h -j $job -o %T" || true)
+    state=$("$lab" ssh login "${rp}squeue -h -j $job -o %T" || true)
     [ "$state" = RUNNING ] && break
     sleep 0.5
 done
@@ -130,11 +132,16 @@ if upgrade "$out/1-upgrade.log"; then ok "hpc.podnet.upgrade from $url"
 else ko "hpc.podnet.upgrade from $url" "$(grep -m3 -A8 'fatal:' "$out/1-upgrade.log")"; fi
 lap "upgrade"
 fetched=$(grep -c '"GET /[^ ]* HTTP/1.[01]" 200' "$out/mirror.log" || true)
+# the new native build: from the mirror, or (a platform the release lacks: the site's own
+# Slurm, PODNET_E2E_NATIVE_BUILT) built on a node by the upgrade and kept on the controller
+built=$(ls "${PODNET_E2E_NATIVE_BUILT:-/nonexistent}"/podnet-native-"$version"-*/SHA256SUMS 2>/dev/null || true)
 if [ "$fetched" -gt 1 ] && grep -q "GET /podnet-native-$version-" "$out/mirror.log"; then
     ok "the new native build came from the mirror ($fetched files fetched)"
+elif [ "$fetched" -gt 1 ] && [ -n "$built" ]; then
+    ok "the artifacts came from the mirror ($fetched files fetched), the new native build from a node ($(dirname "$built"))"
 else ko "artifacts from the mirror" "$(tail -5 "$out/mirror.log")"; fi
 
-state=$("$lab" ssh login "squeue -h -j $job -o %T" || true)
+state=$("$lab" ssh login "${rp}squeue -h -j $job -o %T" || true)
 same=yes
 for n in c1 c2; do [ "$(pods_of "$n" "$job")" = "${before[$n]}" ] || same="no: $n had '${before[$n]}', now '$(pods_of "$n" "$job")'"; done
 if [ "$state" = RUNNING ] && [ "$same" = yes ]; then ok "alice's job still runs, in the same pods"
@@ -147,7 +154,11 @@ if grep -q "^$c2ip " <<<"$got" && grep -qx answered <<<"$got"; then ok "its pod 
 else ko "the job's pod answers" "$got"; fi
 
 bad=
-want_sums=$(grep " podnet-native-$version-" "$next/dist/artifacts/SHA256SUMS")
+want_sums=$(grep " podnet-native-$version-" "$next/dist/artifacts/SHA256SUMS"
+    # a build the deployment made on a node (a platform the release lacks: podnet_native_build_dir)
+    for d in "${PODNET_E2E_NATIVE_BUILT:-/nonexistent}"/podnet-native-"$version"-*/; do
+        if [ -f "$d/SHA256SUMS" ]; then sed "s|  |  $(basename "$d")/|" "$d/SHA256SUMS"; fi
+    done)
 for n in $nodes; do
     got=$("$lab" ssh "$n" "podnet --json status | python3 -c 'import json,sys; print(json.load(sys.stdin)[\"version\"])';
         /opt/podnet/venv/bin/python -c 'import importlib.metadata as m; print(m.version(\"podnet\"))'" 2>&1 | tr '\n' ' ')
@@ -184,7 +195,7 @@ lap "second upgrade"
 again=$(tail -n +"$((gets + 1))" "$out/mirror.log" | grep '"GET ' | grep -v '"GET /SHA256SUMS ' || true)
 if [ -z "$again" ]; then ok "nothing fetched twice (the second run read the mirror's SHA256SUMS only)"
 else ko "nothing fetched twice" "$(head -5 <<<"$again")"; fi
-state=$("$lab" ssh login "squeue -h -j $job -o %T" || true)
+state=$("$lab" ssh login "${rp}squeue -h -j $job -o %T" || true)
 if [ "$state" = RUNNING ]; then ok "alice's job ran through both upgrades"; else ko "the job ran through both upgrades" "state '$state'"; fi
 
 echo "upgrade: $passed passed, $failed failed ($((SECONDS - t0)) s)"
