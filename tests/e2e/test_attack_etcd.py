@@ -22,7 +22,8 @@ from conftest import CLUSTER, etcdctl, pod_of, running_jobs, ssh, wait_for  # ty
 
 PKI = "/etc/podnet/pki"
 ROOT = f"/podnet/{CLUSTER}/"
-#: the owners check their records every 5 s (node/repair.py, RecordGuard); a write back may wait for it
+#: the owners check their records every 5 s (node/repair.py: RecordGuard); a write back
+#: may wait for it
 RESTORED_WITHIN = 30.0
 
 
