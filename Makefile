@@ -24,8 +24,9 @@ ETCD_ARTIFACT := $(CACHE_DIR)/artifacts/etcd-server/usr/bin/etcd
 LAB         := $(ROOT)/tests/lab/lab.sh
 # Suites with fixed names (netns pat-*, labs pnha/pnlt/pnmol) take a host-wide lock, so two
 # checkouts on one machine (CI beside a developer's tree, or trees with caches of their own)
-# wait for each other, never collide.
-LOCKED      = flock /run/lock/podnet-suite-$(1).lock
+# wait for each other, never collide. -o: the suite's own children (a lab's nspawn nodes,
+# kept up with PODNET_SITE_KEEP=1) do not inherit the lock: it ends with the suite.
+LOCKED      = flock -o /run/lock/podnet-suite-$(1).lock
 LAB_INV     := $(ROOT)/inventories/lab
 
 HOST_PACKAGES := debootstrap systemd-container etcd-server etcd-client python3-nftables \
