@@ -101,13 +101,16 @@ if [ -n "${PODNET_SITE_AIRGAP_PACKAGES:-}" ]; then   # air-gapped nodes (run.sh)
     if [ -z "$bad" ]; then ok "air-gapped nodes: the purged packages came back from the bundle's archive, the only apt source"
     else ko "air-gapped nodes install from the bundle's archive" "$bad"; fi
 fi
-# configless: c1 reads the plugstack.conf slurmctld sent (/run/slurm/conf), which includes
-# its own plugstack.conf.d, where the site's site.conf and podnet's podnet.conf are
+# configless: podnet's include block is in the controller's plugstack.conf, and c1 reads the
+# copy slurmctld sent (/run/slurm/conf, after podnet's scontrol reconfigure), whose include
+# resolves in c1's own plugstack.conf.d, where podnet.conf is
 c1_plugstack=$("$lab" ssh c1 'cat /run/slurm/conf/plugstack.conf 2>/dev/null || cat /etc/slurm/plugstack.conf; ls /etc/slurm/plugstack.conf.d')
+ctl_plugstack=$("$lab" ssh ctl cat /etc/slurm/plugstack.conf)
 if grep -qx 'include /etc/slurm/plugstack.conf.d/\*.conf' <<<"$c1_plugstack" \
-        && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack" && grep -qx podnet.conf <<<"$c1_plugstack"; then
+        && grep -q '^# SPANK plugins of the site' <<<"$c1_plugstack" && grep -qx podnet.conf <<<"$c1_plugstack" \
+        && { [ "${PODNET_SITE_OPT_SLURM:-0}" = 0 ] || grep -q '^# BEGIN podnet (hpc.podnet.slurm)' <<<"$ctl_plugstack"; }; then
     ok "the site's plugstack.conf keeps its lines and includes plugstack.conf.d (podnet.conf in it)"
-else ko "plugstack.conf include" "$c1_plugstack"; fi
+else ko "plugstack.conf include" "c1: $c1_plugstack ctl: $ctl_plugstack"; fi
 if [ "${PODNET_SITE_OPT_SLURM:-0}" = 1 ]; then   # run.sh: the site's Slurm under /opt/slurm, configless
     flat=$(tr -s ' \n' '  ' <"$out/2-site.log")
     if grep -q "c1: Slurm 24.11.5 at /opt/slurm (commands /opt/slurm/bin, headers /opt/slurm/include, configuration /run/slurm/conf/slurm.conf from the controller: configless)" <<<"$flat" \
