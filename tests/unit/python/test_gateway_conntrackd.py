@@ -14,17 +14,15 @@ from __future__ import annotations
 
 import random
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 from podnet.gateway import conntrackd
 from podnet.gateway.conntrackd import Conntrackd, Stats, parse_stats, run_conntrackd
-from podnet.gateway.metrics import GatewayCollector, VrrpWatch
-from podnet.gateway.state import State
-from podnet.stats import ETCD_BUCKETS, Histogram, Tally
+from podnet.gateway.metrics import GatewayCollector
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from test_gateway_metrics import Gw
 
 FIXTURES = Path(__file__).resolve().parent / "conntrackd"
 
@@ -152,18 +150,6 @@ class Fake:
         if tuple(args) not in self.answers:
             raise RuntimeError(f"conntrackd {' '.join(args)}: can't connect")
         return self.answers[tuple(args)]
-
-
-@dataclass
-class Gw:
-    cur: State | None = None
-    external_ip: str = "203.0.113.170"
-    syncs: Tally = field(default_factory=Tally)
-    sync_seconds: Histogram = field(default_factory=Histogram)
-    etcd_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
-    sync_failures: int = 0
-    released: int = 0
-    vrrp: VrrpWatch = field(default_factory=VrrpWatch)
 
 
 def scrape(ctd: Conntrackd | None, tmp_path: Path) -> tuple[dict[tuple[str, str], float], str]:
