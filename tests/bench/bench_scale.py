@@ -53,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -128,6 +129,16 @@ def process_schedstat(pid: int) -> tuple[float, float]:
             a, b = schedstat(f"/proc/{pid}/task/{tid}/schedstat")
             on, wait = on + a, wait + b
     return on, wait
+
+
+def etcd_sent_bytes(url: str) -> float:
+    """Bytes etcd has sent to its gRPC clients (`etcd_network_client_grpc_sent_bytes_total`
+    on its /metrics): replies and watch events, what its clients read."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=10) as r:  # noqa: S310 (loopback)
+        for line in r.read().decode().splitlines():
+            if line.startswith("etcd_network_client_grpc_sent_bytes_total"):
+                return float(line.rsplit(" ", 1)[1])
+    raise RuntimeError("etcd's /metrics has no etcd_network_client_grpc_sent_bytes_total")
 
 
 def machine_ticks() -> tuple[int, int]:
@@ -439,8 +450,12 @@ class Scale:
                     c.send({"id": self.job_id, "deadline": deadline, "vni": self.vni})
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 e0, m0 = process_schedstat(etcd_pid), machine_ticks()
+                b0 = etcd_sent_bytes(self.url)
                 got: list[Sample] = [s for c in conns for s in c.recv()]
                 e1, m1 = process_schedstat(etcd_pid), machine_ticks()
+                # every node has its pod: what etcd sent for the job (the watch events of
+                # its records included) has been sent
+                b1 = etcd_sent_bytes(self.url)
                 errors = [s.error for s in got if s.error]
                 if errors:
                     raise RuntimeError(f"{len(errors)} node errors, first: {errors[0]}")
@@ -465,6 +480,7 @@ class Scale:
                         "nodes_cpu_ms": ms(sum(s.cpu for s in got)),
                         "nodes_run_wait_ms": ms(sum(s.run_wait for s in got)),
                         "etcd_cpu_ms": ms(e1[0] - e0[0]),
+                        "etcd_sent_bytes": round(b1 - b0),
                         "etcd_run_wait_ms": ms(e1[1] - e0[1]),
                         "machine_busy_cores": round(
                             CORES * (m1[0] - m0[0]) / max(1, m1[1] - m0[1]), 2
@@ -591,6 +607,13 @@ class Scale:
         # etcd's CPU for a job divided by its nodes: what no cluster spreads out
         per_node = statistics.mean(j["etcd_cpu_ms"] for j in jobs) / n
         self.figures[f"etcd_cpu_ms_per_node_nodes{n}"] = (round(per_node, 3), "ms")
+        # what etcd sent for a job divided by its nodes: flat when no node reads what grows
+        # with the job (a 1000-node job's record reaching every node: 1000 x 34 KB)
+        sent = statistics.mean(j["etcd_sent_bytes"] for j in jobs) / n
+        self.figures[f"etcd_bytes_sent_per_node_nodes{n}"] = (round(sent), "bytes")
+        # the CPU one node spent on its pod's etcd path (its allocation or wait, its watch)
+        node_cpu = statistics.mean(s.cpu for s in samples)
+        self.figures[f"node_cpu_ms_per_job_nodes{n}"] = (ms(node_cpu), "ms")
         mean = statistics.mean
         self.sizes[f"nodes{n}"] = {
             "jobs": len(jobs),
@@ -629,6 +652,7 @@ class Scale:
                     "nodes_cpu_ms",
                     "nodes_run_wait_ms",
                     "etcd_cpu_ms",
+                    "etcd_sent_bytes",
                     "etcd_run_wait_ms",
                     "machine_busy_cores",
                     "max_wake_late_ms",
@@ -641,6 +665,8 @@ class Scale:
         self.sizes[f"nodes{n}"]["cpu_floor_ms"] = round(
             (cpu["nodes_cpu_ms"] + cpu["etcd_cpu_ms"]) / CORES, 1
         )
+        self.sizes[f"nodes{n}"]["etcd_bytes_sent_per_node"] = round(sent)
+        self.figures[f"cpu_floor_ms_nodes{n}"] = (self.sizes[f"nodes{n}"]["cpu_floor_ms"], "ms")
 
     def run(self) -> None:
         t0 = time.monotonic()
