@@ -120,6 +120,29 @@ def test_c1_cannot_add_another_node_as_a_vtep_of_alices_network(work: dict[str, 
     del work
 
 
+def test_c2s_address_block_given_to_c1_is_written_back(work: dict[str, int]) -> None:
+    """Where a pod's traffic goes is its block owner's (routes, and every node's overlay:
+    node/overlay.py). c1 may write `blocks/` (a job's allocation claims blocks for its
+    nodes), so it gives itself, then deletes, a block of c2 (bob's pod is in one): c2
+    writes it back each time, and c1's route to the block is c2's again."""
+    del work
+    blocks = etcdctl(f"get {ROOT}blocks/ --prefix").splitlines()
+    owned = {blocks[i]: json.loads(blocks[i + 1]) for i in range(0, len(blocks) - 1, 2)}
+    key = next((k for k, v in owned.items() if v.get("node") == "c2"), None)
+    assert key is not None, f"c2 owns no block: {owned}"
+    before = get(key)
+    rc, out = as_c1(f'put {key} \'{{"node": "c1"}}\'')
+    assert rc == 0, f"etcd's permissions cannot refuse this write (blocks/ is shared): {out}"
+    wait_for(lambda: get(key) == before, RESTORED_WITHIN, 0.5)
+    rc, out = as_c1(f"del {key}")
+    assert rc == 0, out
+    wait_for(lambda: get(key) == before, RESTORED_WITHIN, 0.5)
+    # and every node sends to c2 again: c1's route to the block is c2's address
+    c2 = json.loads(get(f"{ROOT}nodes/c2"))["ip"]
+    net = key.rsplit("/", 1)[-1].replace("-", "/")
+    wait_for(lambda: f"via {c2}" in ssh("c1", f"ip -4 route show {net}").stdout, 30, 0.5)
+
+
 def test_bobs_vni_changed_by_c1_is_written_back(work: dict[str, int]) -> None:
     del work
     key = f"{ROOT}users/bob"

@@ -248,6 +248,17 @@ def mac_for_ip(ip: str) -> str:
     return "0a:58:" + ":".join(f"{x:02x}" for x in b)
 
 
+def ip_of_mac(mac: str) -> str | None:
+    """The address a pod MAC is derived from (`mac_for_ip`), None for any other MAC."""
+    parts = mac.lower().split(":")
+    if len(parts) != 6 or parts[:2] != ["0a", "58"]:
+        return None
+    try:
+        return str(ipaddress.IPv4Address(bytes(int(x, 16) for x in parts[2:])))
+    except ValueError:
+        return None
+
+
 def block_from_key(key: str) -> str:
     """`.../blocks/198.18.0.0-26` -> `198.18.0.0/26`."""
     last = key.rsplit("/", 1)[-1]

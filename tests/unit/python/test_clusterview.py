@@ -27,7 +27,6 @@ from podnet.state.clusterview import (
     JobChanged,
     NodesChanged,
     UserChanged,
-    UserPodsChanged,
 )
 from podnet.state.etcdops import KV
 from podnet.state.watchrecords import BlockRecord, ClusterRead, JobRecord, PodRecord, record_of
@@ -83,62 +82,56 @@ def test_a_node_put_or_deleted_says_the_node_table_changed() -> None:
     assert view.node_addresses() == [N1]
 
 
-def test_a_job_on_several_nodes_gives_each_vni_its_vteps() -> None:
+def test_a_job_says_which_addresses_it_holds_and_frees() -> None:
     view = _view()
     got = _put(view, "jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000))
     assert isinstance(got[0], JobChanged) and got[0].job_id == 3
     assert got[0].job is not None and got[0].job.nodes == ["n1", "n2"]
-    assert got[1:] == [AddressesChanged((), ("198.18.0.1", "198.18.0.66")), UserPodsChanged(5000)]
-    got = _put(view, "jobs/4", _job(4, ["n3"], ["198.18.0.130"], 5001))
-    assert got[-1] == UserPodsChanged(5001)
-    assert view.vteps_of(5000) == [N1, N2]
-    assert view.vteps_of(5001) == [N1, N3]  # this node is always one of them
-    assert view.vteps_of(5002) == [N1]
-    assert view.remote_macs(5000) == {"0a:58:c6:12:00:42": N2}  # own pods: no entry
-    # the job ends: its addresses are freed, n2 is no VTEP of 5000 any more
+    assert got[1:] == [AddressesChanged((), ("198.18.0.1", "198.18.0.66"))]
+    # the job ends: its addresses are freed
     assert _delete(view, "jobs/3") == [
         JobChanged(3, None),
         AddressesChanged(("198.18.0.1", "198.18.0.66"), ()),
-        UserPodsChanged(5000),
     ]
-    assert view.vteps_of(5000) == [N1]
-
-
-def test_a_pod_that_moves_changes_the_vteps_of_its_vni() -> None:
-    view = _view()
-    _put(view, "users/alice", {"vni": 5000, "uid": 2001})
+    # a login pod's record, then the same key with another address
     assert _put(view, "logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001}) == [
-        AddressesChanged((), ("198.18.0.67",)),
-        UserPodsChanged(5000),
+        AddressesChanged((), ("198.18.0.67",))
     ]
-    assert view.remote_macs(5000) == {"0a:58:c6:12:00:43": N2}
-    # the same address now named by a record of n3 (a container), then n2's record goes
-    _put(view, "containers/n3/pn-c0", {"ip": "198.18.0.67", "user": "alice", "vni": 5000})
-    assert view.remote_macs(5000) == {"0a:58:c6:12:00:43": N3}
-    assert view.vteps_of(5000) == [N1, N3]
-    # a job's pod on n2, then its record names n3 for the same address
-    _put(view, "jobs/5", _job(5, ["n2"], ["198.18.0.70"], 5000))
-    assert view.vteps_of(5000) == [N1, N2, N3]
-    got = _put(view, "jobs/5", _job(5, ["n3"], ["198.18.0.70"], 5000))
-    assert got[1:] == [AddressesChanged((), ("198.18.0.70",)), UserPodsChanged(5000)]
-    assert view.vteps_of(5000) == [N1, N3]
-    assert view.remote_macs(5000)["0a:58:c6:12:00:46"] == N3
-    # a pod moving to this node: no remote pod of it left
-    got = _put(view, "jobs/5", _job(5, ["n1"], ["198.18.0.70"], 5000))
-    assert got[-1] == UserPodsChanged(5000)
-    assert "0a:58:c6:12:00:46" not in view.remote_macs(5000)
+    assert _put(view, "logins/n2/alice", {"ip": "198.18.0.68", "uid": 2001}) == [
+        AddressesChanged(("198.18.0.67",), ("198.18.0.68",))
+    ]
 
 
-def test_a_users_vni_is_what_login_records_are_placed_by() -> None:
+def test_a_remote_pod_is_where_its_block_owner_is_never_where_a_record_says() -> None:
+    """The overlay's question (node/overlay.py): which node's underlay address a frame to
+    a pod goes to. Only the block map and the node table answer it: a pod record naming
+    another node changes nothing."""
     view = _view()
-    # a login record before its user's: no VNI to place it in yet
-    assert _put(view, "logins/n2/bob", {"ip": "198.18.0.80", "uid": 2002}) == []
+    _put(view, "blocks/198.18.0.0-26", {"node": "n1"})
+    _put(view, "blocks/198.18.0.64-26", {"node": "n2"})
+    assert view.vtep_of("198.18.0.66") == N2
+    assert view.vtep_of("198.18.0.5") is None  # this node's own block
+    assert view.vtep_of("198.18.0.130") is None  # no block holds it
+    assert view.vtep_of("not an address") is None
+    # a container record of n3 naming an address of n2's block: still n2
+    _put(view, "containers/n3/pn-c0", {"ip": "198.18.0.67", "user": "alice", "vni": 5000})
+    assert view.vtep_of("198.18.0.67") == N2
+    # the block moves to n3, then is freed
+    assert _put(view, "blocks/198.18.0.64-26", {"node": "n3"}) == [
+        BlockChanged(ipaddress.IPv4Network("198.18.0.64/26"), "n3")
+    ]
+    assert view.vtep_of("198.18.0.66") == N3
+    _delete(view, "blocks/198.18.0.64-26")
+    assert view.vtep_of("198.18.0.66") is None
+    # an owner without a registered address: nowhere
+    _put(view, "blocks/198.18.0.192-26", {"node": "n9"})
+    assert view.vtep_of("198.18.0.200") is None
+
+
+def test_a_users_vni_comes_from_its_record() -> None:
+    view = _view()
     assert _put(view, "users/bob", {"vni": 5002, "uid": 2002}) == [UserChanged("bob", 5002)]
     assert view.user_vni("bob") == 5002
-    assert _put(view, "logins/n2/bob", {"ip": "198.18.0.80", "uid": 2002})[-1] == (
-        UserPodsChanged(5002)
-    )
-    assert view.vteps_of(5002) == [N1, N2]
     assert _delete(view, "users/bob") == [UserChanged("bob", None)]
     assert view.user_vni("bob") is None
 
@@ -156,7 +149,7 @@ def test_malformed_values_are_logged_and_skipped(caplog: pytest.LogCaptureFixtur
             BlockChanged(ipaddress.IPv4Network("198.18.0.0/26"), None)
         ]
         assert _put(view, "blocks/not-a-block", {"node": "n2"}) == []
-    assert view.vteps_of(5000) == [N1, N2]
+    assert view._held["jobs/6"] == ["198.18.0.90"]
     unreadable = [r.getMessage() for r in caplog.records]
     assert len(unreadable) == 7, unreadable
     assert any("jobs/6" in m for m in unreadable) and any("not-a-block" in m for m in unreadable)
@@ -186,9 +179,9 @@ def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
     txns = etcd.txns
     view = ClusterView.load(etcd, KEYS, "n1")  # type: ignore[arg-type]
     assert etcd.txns == txns + 1
-    assert view.vteps_of(5000) == [N1, N2]  # n3 has no node record
     assert view.user_vni("alice") == 5000
-    assert set(view.remote_macs(5000).values()) == {N2}
+    assert view.vtep_of("198.18.0.1") is None  # n1's own block
+    assert view.node_addresses() == [N1, N2]
     read = ClusterRead.of(etcd, KEYS)  # type: ignore[arg-type]
     assert [j.job_id for j in read.jobs()] == [3]
     assert read.blocks() == {ipaddress.IPv4Network("198.18.0.0/26"): "n1"}
@@ -223,18 +216,56 @@ def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> 
     assert isinstance(pod, PodRecord) and repair.screen(pod) is pod
 
 
-def test_podnet_doctor_compares_the_fdb_with_the_view_alone(
+def test_the_repair_keeps_this_nodes_blocks_its_own() -> None:
+    """A block this node has seen as its own, given to another node or deleted by another
+    writer: the view keeps it this node's, the write back is queued (a node with a stolen
+    certificate would otherwise have every node's overlay and routes send this node's pods'
+    traffic to it). Another node's block, or a new one, is not this node's to judge."""
+    work = SyncQueue()
+    repair = RecordRepair(FakeEtcd(), work, node="n1")  # type: ignore[arg-type]
+    key = "blocks/198.18.0.0-26"
+    own = record_of(KEYS, "put", ROOT + key, _kv(key, {"node": "n1"}, 4))
+    assert isinstance(own, BlockRecord) and repair.screen(own) is own
+    assert work.take() == set()
+    stolen = record_of(KEYS, "put", ROOT + key, _kv(key, {"node": "n2"}, 9))
+    assert isinstance(stolen, BlockRecord)
+    screened = repair.screen(stolen)
+    assert isinstance(screened, BlockRecord) and screened.node == "n1"
+    assert work.take() == {"restore"}
+    assert repair._restores[ROOT + key] == ('{"node": "n1"}', 9)
+    gone = record_of(KEYS, "delete", ROOT + key, None)
+    assert isinstance(gone, BlockRecord)
+    screened = repair.screen(gone)
+    assert isinstance(screened, BlockRecord) and screened.node == "n1"
+    # another node's block moving is not this node's business
+    other = record_of(
+        KEYS, "put", ROOT + "blocks/198.18.0.64-26", _kv("blocks/198.18.0.64-26", {"node": "n2"})
+    )
+    moved = record_of(
+        KEYS, "put", ROOT + "blocks/198.18.0.64-26", _kv("blocks/198.18.0.64-26", {"node": "n3"})
+    )
+    assert other is not None and moved is not None
+    assert repair.screen(other) is other and repair.screen(moved) is moved
+    # after a whole read (a resync): the same
+    etcd = FakeEtcd()
+    etcd.put(ROOT + key, {"node": "n3"})
+    work.take()
+    repair.check_read(ClusterRead.of(etcd, KEYS))  # type: ignore[arg-type]
+    assert work.take() == {"restore"}
+
+
+def test_podnet_doctor_checks_the_overlay_with_the_view_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """`podnet doctor`'s FDB check reads the view with `ClusterView.load` (one read, no
-    allocator, dataplane, firewall or sync loop): each user VXLAN's flood entries against
-    the other nodes with a pod of that user."""
+    """`podnet doctor`'s overlay check reads the view with `ClusterView.load` (one read, no
+    allocator, dataplane, firewall or sync loop): each user VXLAN is one that asks for
+    remote pods (no flooding), and each remote pod it has met goes to its block's owner."""
     etcd = FakeEtcd()
     lab = "/podnet/lab/"
     for n, ip in (("c1", N1), ("c2", N2), ("c3", N3)):
         etcd.put(f"{lab}nodes/{n}", {"ip": ip})
-    etcd.put(f"{lab}jobs/3", _job(3, ["c1", "c2"], ["198.18.0.1", "198.18.0.66"], 5000))
-    etcd.put(f"{lab}containers/c3/pn-c0", {"ip": "198.18.0.130", "user": "bob", "vni": 5001})
+    etcd.put(f"{lab}blocks/198.18.0.64-26", {"node": "c2"})
+    etcd.put(f"{lab}blocks/198.18.0.128-26", {"node": "c3"})
     cfg = NodeConfig.from_dict(
         {
             "node": "c1",
@@ -246,19 +277,31 @@ def test_podnet_doctor_compares_the_fdb_with_the_view_alone(
         "test",
     )
     links = {
-        "pnvx5000": {"kind": "vxlan", "vni": 5000, "index": 10},
-        "pnvx5001": {"kind": "vxlan", "vni": 5001, "index": 11},
+        "pnvx5000": {"kind": "vxlan", "vni": 5000, "index": 10, "l3miss": True},
+        "pnvx5001": {"kind": "vxlan", "vni": 5001, "index": 11, "l3miss": True},
+        "pnvx5002": {"kind": "vxlan", "vni": 5002, "index": 12, "l3miss": False},
         "eth0": {"kind": "", "index": 2},
     }
-    fdb = {10: {N2}, 11: {N2}}  # 5001's flood entry names the wrong node
+    fdb: dict[int, tuple[set[str], dict[str, str]]] = {
+        10: (set(), {"0a:58:c6:12:00:42": N2, "0a:58:c6:12:00:82": N3}),
+        11: (set(), {"0a:58:c6:12:00:83": N2}),  # c3's pod sent to c2
+        12: ({N2}, {}),  # an older podnetd's device
+    }
     monkeypatch.setattr(cli.Etcd, "of_node", staticmethod(lambda _cfg: etcd))
     monkeypatch.setattr(cli.nl, "Netlink", lambda: nullcontext(None))
     monkeypatch.setattr(cli.nlquery, "links", lambda _sock: links)
-    monkeypatch.setattr(cli.nlquery, "fdb_dsts", lambda _sock, index: fdb[index])
+    monkeypatch.setattr(cli.nlquery, "fdb_entries", lambda _sock, index: fdb[index])
     txns = etcd.txns
     got = {c["check"]: (c["ok"], c["detail"]) for c in cli._fdb_drift(cfg)}
     assert etcd.txns == txns + 1
     assert got == {
-        "fdb:pnvx5000": (True, "in sync"),
-        "fdb:pnvx5001": (False, f"missing ['{N3}'], extra ['{N2}']"),
+        "fdb:pnvx5000": (True, "in sync (2 remote pods met)"),
+        "fdb:pnvx5001": (
+            False,
+            f"sends to the wrong node: 198.18.0.131 -> {N2} (owner: {N3})",
+        ),
+        "fdb:pnvx5002": (
+            False,
+            f"made by an older podnetd (restart podnetd); floods to ['{N2}']",
+        ),
     }

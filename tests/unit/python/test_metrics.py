@@ -39,6 +39,7 @@ class Agent:
     etcd_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
     watch_seconds: Histogram = field(default_factory=lambda: Histogram(ETCD_BUCKETS))
     records_restored: int = 0
+    overlay_misses: tuple[int, int, int] = (0, 0, 0)
     pool_blocks: tuple[int, int] = (0, 0)
     cfg: SimpleNamespace = field(default_factory=lambda: SimpleNamespace(roles=["login"]))
 
@@ -75,12 +76,15 @@ def test_pods_by_kind_containers_included_and_users() -> None:
 
 
 def test_etcd_round_trips_errors_and_restored_records() -> None:
-    agent = Agent(etcd=Errors(3), records_restored=2)
+    agent = Agent(etcd=Errors(3), records_restored=2, overlay_misses=(9, 4, 1))
     for s in (0.0004, 0.002, 0.3):
         agent.etcd_seconds.observe(s)
     got = samples(agent)
     assert got[("podnet_etcd_errors_total", lab())] == 3
     assert got[("podnet_records_restored_total", lab())] == 2
+    assert got[("podnet_overlay_misses_total", lab())] == 9
+    assert got[("podnet_overlay_resolved_total", lab())] == 4
+    assert got[("podnet_overlay_dropped_total", lab())] == 1
     assert got[("podnet_etcd_request_seconds_count", lab())] == 3
     assert got[("podnet_etcd_request_seconds_bucket", lab(le="0.0005"))] == 1
     assert got[("podnet_etcd_request_seconds_bucket", lab(le="0.0025"))] == 2

@@ -15,28 +15,6 @@ from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
 
 @pytest.mark.parametrize("delete", [False, True])
-@pytest.mark.parametrize(("index", "vtep"), [(5, "198.19.208.9"), (70000, "10.255.0.1")])
-def test_fdb_flood_matches_pyroute2(index: int, vtep: str, delete: bool) -> None:
-    req = nlreq.fdb_flood(index, vtep, delete)
-    m = ndmsg()
-    m["family"] = nl.AF_BRIDGE
-    m["ifindex"] = index
-    m["state"] = nl.NUD_PERMANENT
-    m["flags"] = nl.NTF_SELF
-    m["attrs"] = [("NDA_LLADDR", "00:00:00:00:00:00"), ("NDA_DST", vtep)]
-    m["header"]["type"] = nl.RTM_DELNEIGH if delete else nl.RTM_NEWNEIGH
-    m["header"]["flags"] = (
-        nl.NLM_F_REQUEST | nl.NLM_F_ACK
-        if delete
-        else nl.NLM_F_REQUEST | nl.NLM_F_ACK | nl.NLM_F_CREATE | nl.NLM_F_APPEND
-    )
-    m["header"]["sequence_number"] = req.seq
-    m.encode()
-    assert bytes(m.data) == req.data
-    assert nlreq.fdb_flood(index, vtep).seq != req.seq  # each request its own sequence number
-
-
-@pytest.mark.parametrize("delete", [False, True])
 @pytest.mark.parametrize(
     ("index", "ip", "vtep"), [(5, "198.18.0.66", "198.19.208.9"), (70000, "10.1.2.3", "10.255.0.1")]
 )
@@ -55,6 +33,24 @@ def test_fdb_unicast_matches_pyroute2(index: int, ip: str, vtep: str, delete: bo
         if delete
         else nl.NLM_F_REQUEST | nl.NLM_F_ACK | nl.NLM_F_CREATE | nl.NLM_F_REPLACE
     )
+    m["header"]["sequence_number"] = req.seq
+    m.encode()
+    assert bytes(m.data) == req.data
+    assert nlreq.fdb_unicast(index, mac, vtep).seq != req.seq  # each its own sequence number
+
+
+def test_fdb_unicast_delete_without_destination_matches_pyroute2() -> None:
+    """A remote pod forgotten: its entry deleted whatever node it sent to."""
+    mac = mac_for_ip("198.18.0.66")
+    req = nlreq.fdb_unicast(7, mac, None, delete=True)
+    m = ndmsg()
+    m["family"] = nl.AF_BRIDGE
+    m["ifindex"] = 7
+    m["state"] = nl.NUD_PERMANENT
+    m["flags"] = nl.NTF_SELF
+    m["attrs"] = [("NDA_LLADDR", mac)]
+    m["header"]["type"] = nl.RTM_DELNEIGH
+    m["header"]["flags"] = nl.NLM_F_REQUEST | nl.NLM_F_ACK
     m["header"]["sequence_number"] = req.seq
     m.encode()
     assert bytes(m.data) == req.data
@@ -170,6 +166,9 @@ def test_bridge_and_vxlan_match_pyroute2() -> None:
             ("IFLA_VXLAN_PORT", 4789),
             ("IFLA_VXLAN_LEARNING", 0),
             ("IFLA_VXLAN_TTL", 64),
+            ("IFLA_VXLAN_PROXY", 1),
+            ("IFLA_VXLAN_L2MISS", 1),
+            ("IFLA_VXLAN_L3MISS", 1),
         ]
     }
     info = {"attrs": [("IFLA_INFO_KIND", "vxlan"), ("IFLA_INFO_DATA", data)]}

@@ -6,6 +6,7 @@ run for real in tests/agent."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import shutil
 import subprocess
@@ -18,9 +19,11 @@ import pytest
 from fake_etcd import FakeEtcd
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.kernel import firewall
+from podnet.kernel.vxmiss import Miss
 from podnet.names import Keys
 from podnet.node.agent import Agent
 from podnet.node.etcd_sync import EtcdSync
+from podnet.node.overlay import BURST, Overlay
 from podnet.node.pods import Pod, PodTable, job_search
 from podnet.node.reconcile import parse_job_ids
 from podnet.node.repair import RecordGuard, RecordRepair
@@ -31,6 +34,7 @@ from podnet.state.alloc import Allocator, Job, JobRecords
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
+from podnet.state.watchrecords import BlockRecord
 
 CC = ClusterConfig.from_dict(
     {"pod_cidr": "198.18.0.0/20", "block_prefix": 26, "zone": "lab"}, "test"
@@ -41,21 +45,38 @@ CC = ClusterConfig.from_dict(
 class FakeDataplane:
     """Records what the rooms ask the kernel for."""
 
-    bridges: dict[int, list[str]] = field(default_factory=dict)  # vni -> vteps
-    macs: dict[int, dict[str, str]] = field(default_factory=dict)  # vni -> unicast FDB
+    bridges: dict[int, int] = field(default_factory=dict)  # vni -> bridge index
+    #: vni -> remote pod address -> the node address its entries send to
+    remote: dict[int, dict[str, str]] = field(default_factory=dict)
+    resolves: int = 0  # calls of `resolve` (one netlink batch each)
+    routes: tuple[dict[str, str], set[str]] = field(default_factory=lambda: ({}, set()))
     removed: list[int] = field(default_factory=list)
 
-    def user_bridge(self, vni: int) -> int | None:
-        return 100 + vni if vni in self.bridges else None
+    @property
+    def vxlans(self) -> dict[int, int]:
+        return {200 + v: v for v in self.bridges}
 
-    def ensure_user(self, vni: int, vteps: list[str]) -> int:
-        self.bridges[vni] = vteps
+    def user_bridge(self, vni: int) -> int | None:
+        return self.bridges.get(vni)
+
+    def ensure_user(self, vni: int) -> int:
+        self.bridges[vni] = 100 + vni
         return 100 + vni
 
-    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
-        self.bridges[vni] = vteps
-        if macs is not None:
-            self.macs[vni] = macs
+    def vni_of_vxlan(self, index: int) -> int | None:
+        return self.vxlans.get(index)
+
+    def set_block_routes(self, routes: dict[str, str], local: set[str]) -> None:
+        self.routes = (routes, local)
+
+    def resolve(self, vni: int, remote: list[tuple[str, str | None]]) -> None:
+        self.resolves += 1
+        mine = self.remote.setdefault(vni, {})
+        for ip, vtep in remote:
+            if vtep is None:
+                mine.pop(ip, None)
+            else:
+                mine[ip] = vtep
 
     def user_ports(self) -> dict[int, int]:
         return {v: 100 + v for v in self.bridges}
@@ -88,7 +109,7 @@ def test_first_pod_builds_the_users_network_once_and_registers_the_vtep() -> Non
     nets, etcd, dp, _ = _nets(linger=0)
     vni, bridge = nets.ensure("alice", 2001)
     assert nets.ensure("alice", 2001) == (vni, bridge)
-    assert dp.bridges == {vni: ["203.0.113.11"]}
+    assert dp.bridges == {vni: bridge}
     nets._bg.submit(lambda: None).result()  # the legacy VTEP key is written in the background
     assert etcd.get(f"/podnet/u/vteps/{vni}/n1") is not None
     assert nets.vni("alice", 2001) == vni
@@ -181,8 +202,11 @@ def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> _KV:
 
 
 def _sync(nets: UserNetworks, etcd: FakeEtcd, dp: FakeDataplane, pods: PodTable) -> EtcdSync:
-    repair = RecordRepair(etcd, nets.work)  # type: ignore[arg-type]
-    return EtcdSync(etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work, repair)  # type: ignore[arg-type]
+    repair = RecordRepair(etcd, nets.work, node="n1")  # type: ignore[arg-type]
+    overlay = Overlay(dp, nets.view)  # type: ignore[arg-type]
+    return EtcdSync(
+        etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work, repair, overlay
+    )  # type: ignore[arg-type]
 
 
 def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
@@ -194,9 +218,9 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
     sync.on_event("put", "/podnet/u/blocks/198.18.0.0-26", _KV({"node": "n1"}))
-    assert sync.take() == {"routes"}
-    # a job of n1 and n2: its addresses are used, n2 is a VTEP of the VNI, the record
-    # is in the job records (where the allocator takes it from)
+    assert sync.take() == {"routes", "overlay"}
+    # a job of n1 and n2: its addresses are used, the record is in the job records
+    # (where the allocator takes it from); no kernel work: the overlay asks when it needs
     sync.on_event(
         "put", "/podnet/u/jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000)
     )
@@ -204,65 +228,84 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     assert alloc.jobs.get(3) is not None and alloc.jobs.get(3).ips[1] == "198.18.0.66"
     sync.on_event("put", "/podnet/u/vteps/5001/n2", _KV({"ip": "192.0.2.66"}))  # ignored
     sync.on_event("delete", "/podnet/u/nodes/n3", None)
-    assert sync.take() == {5000, "nodes"}
-    nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
-    assert nets.view.vteps_of(5000) == ["203.0.113.11", "203.0.113.12"]
-    assert nets.view.vteps_of(5001) == ["203.0.113.11"], "a VTEP key named an address"
-    dp.bridges = {5000: []}
-    sync.apply({5000})
-    assert dp.bridges[5000] == ["203.0.113.11", "203.0.113.12"]
-    # the job ends: its addresses are free again, n2 no longer floods
+    assert sync.take() == {"nodes"}
+    # the job ends: its addresses are free again
     sync.on_event("delete", "/podnet/u/jobs/3", None)
-    assert sync.take() == {5000} and alloc.jobs.get(3) is None
-    assert nets.view.vteps_of(5000) == ["203.0.113.11"]
+    assert sync.take() == set() and alloc.jobs.get(3) is None
     assert "198.18.0.1" not in alloc.ipam.used
 
 
-def test_remote_pods_get_unicast_fdb_entries_own_and_unknown_ones_not() -> None:
+def _miss(index: int, ip: str | None = None, mac: str | None = None) -> Miss:
+    return Miss(index, ip, mac)
+
+
+def test_the_overlay_resolves_a_miss_from_the_block_map_alone() -> None:
+    """A pod's ARP request (an L3 miss: the address) or frame (an L2 miss: the MAC) for a
+    pod of another node: its block's owner, at its registered address, whatever the pod
+    records say; own blocks, unknown blocks and devices that are not a user's VXLAN get
+    nothing."""
     nets, etcd, dp, pods = _nets(linger=0)
-    nets.alloc.jobs = JobRecords()
     sync = _sync(nets, etcd, dp, pods)
+    overlay = sync.overlay
+    nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12", "n3": "203.0.113.13"}
+    for blk, node in (("198.18.0.0-26", "n1"), ("198.18.0.64-26", "n2"), ("198.18.0.128-26", "n3")):
+        sync.on_event("put", f"/podnet/u/blocks/{blk}", _KV({"node": node}))
+    # a record naming another node for n2's address changes nothing
+    sync.on_event("put", "/podnet/u/logins/n3/alice", _KV({"ip": "198.18.0.66", "uid": 2001}))
+    a, _ = nets.ensure("alice", 2001)
+    b, _ = nets.ensure("bob", 2002)
+    got = overlay.handle(
+        [
+            _miss(200 + a, ip="198.18.0.66"),  # n2's
+            _miss(200 + a, mac="0a:58:c6:12:00:82"),  # n3's 198.18.0.130, by its MAC
+            _miss(200 + a, ip="198.18.0.5"),  # this node's own block
+            _miss(200 + a, ip="198.18.1.5"),  # no block
+            _miss(200 + a, mac="02:00:00:00:00:01"),  # not a pod's MAC
+            _miss(999, ip="198.18.0.67"),  # not a user's VXLAN
+            _miss(200 + b, ip="198.18.0.67"),
+        ]
+    )
+    assert got == 3
+    assert dp.remote == {
+        a: {"198.18.0.66": "203.0.113.12", "198.18.0.130": "203.0.113.13"},
+        b: {"198.18.0.67": "203.0.113.12"},
+    }
+    assert dp.resolves == 2  # one batch per user
+    # n2's block moves to n3, n3's is freed: the entries follow, after the sync loop's pass
+    sync.on_event("put", "/podnet/u/blocks/198.18.0.64-26", _KV({"node": "n3"}))
+    sync.on_event("delete", "/podnet/u/blocks/198.18.0.128-26", None)
+    sync.apply(sync.take())
+    assert dp.remote == {a: {"198.18.0.66": "203.0.113.13"}, b: {"198.18.0.67": "203.0.113.13"}}
+    # a node's address changes
+    nets.view.node_ips["n3"] = "203.0.113.23"
+    assert overlay.repoint() == 2
+    assert dp.remote[a] == {"198.18.0.66": "203.0.113.23"}
+    # bob's network goes: what it resolved is forgotten
+    dp.bridges.pop(b)
+    overlay.repoint()
+    assert b not in overlay.resolved
+
+
+def test_one_users_misses_are_bounded() -> None:
+    """At most `per_user` remote pods per user (the oldest go first), and at most RATE a
+    second (BURST at once): another user's misses are still resolved."""
+    nets, _etcd, dp, _pods = _nets(linger=0)
     nets.view.node_ips = {"n1": "203.0.113.11", "n2": "203.0.113.12"}
-    sync.on_event("put", "/podnet/u/users/alice", _KV({"vni": 5000, "uid": 2001}))
-    sync.on_event("put", "/podnet/u/jobs/1", _job(1, ["n1"], ["198.18.0.2"], 5000))
-    assert sync.take() == set()  # this node's own pod
-    sync.on_event(
-        "put", "/podnet/u/jobs/2", _job(2, ["n2", "n3"], ["198.18.0.66", "198.18.0.68"], 5000)
-    )
-    # a login pod (its record names no VNI: the user's) and a container of n2
-    sync.on_event("put", "/podnet/u/logins/n2/alice", _KV({"ip": "198.18.0.67", "uid": 2001}))
-    sync.on_event(
-        "put",
-        "/podnet/u/containers/n2/pn-c0",
-        _KV({"ip": "198.18.0.69", "user": "bob", "vni": 5001}),
-    )
-    sync.on_event("put", "/podnet/u/logins/n2/carol", _KV("not json"))
-    assert sync.take() == {5000, 5001}
-    assert nets.view.remote_macs(5000) == {
-        "0a:58:c6:12:00:42": "203.0.113.12",
-        "0a:58:c6:12:00:43": "203.0.113.12",
-    }  # n3 has no node record: no entry
-    dp.bridges = {5000: []}
-    sync.apply({5000})
-    assert dp.macs[5000] == nets.view.remote_macs(5000)
-    sync.on_event("delete", "/podnet/u/logins/n2/alice", None)
-    assert sync.take() == {5000}
-    assert list(nets.view.remote_macs(5000)) == ["0a:58:c6:12:00:42"]
-    # a resync rebuilds the same view from the records, in one transaction
-    etcd.data.clear()
-    etcd.put("/podnet/u/users/alice", {"vni": 5000, "uid": 2001})
-    etcd.put("/podnet/u/logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001})
-    for (
-        n,
-        ip,
-    ) in nets.view.node_ips.items():  # the same nodes: no firewall resync (no firewall here)
-        etcd.put(f"/podnet/u/nodes/{n}", {"ip": ip})
-    txns = etcd.txns
-    sync.resync()
-    assert etcd.txns == txns + 1
-    assert list(nets.view.remote_macs(5000)) == ["0a:58:c6:12:00:43"]
-    assert nets.view.remote_macs(5001) == {}
-    assert nets.view.user_vnis == {"alice": 5000}
+    nets.view.apply(BlockRecord(ipaddress.IPv4Network("198.18.0.0/16"), "n2"))
+    overlay = Overlay(dp, nets.view, per_user=3)  # type: ignore[arg-type]
+    a, _ = nets.ensure("alice", 2001)
+    b, _ = nets.ensure("bob", 2002)
+    overlay.handle([_miss(200 + a, ip=f"198.18.0.{i}") for i in range(1, 6)])
+    assert list(overlay.resolved[a]) == ["198.18.0.3", "198.18.0.4", "198.18.0.5"]
+    assert dp.remote[a] == dict.fromkeys(["198.18.0.3", "198.18.0.4", "198.18.0.5"], "203.0.113.12")
+    # a flood of misses: the burst is resolved, the rest dropped
+    flood = [
+        _miss(200 + a, ip=f"198.18.{1 + i // 250}.{1 + i % 250}") for i in range(int(BURST) + 500)
+    ]
+    overlay.handle(flood)
+    assert overlay.dropped >= 300
+    assert len(overlay.resolved[a]) == 3
+    assert overlay.handle([_miss(200 + b, ip="198.18.0.9")]) == 1  # bob is not held up
 
 
 # -- records another writer changed --------------------------------------------------------
@@ -321,6 +364,7 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
             own_job=lambda j: job if j == 7 else None,
             on_job_lost=lost.append,
         ),
+        Overlay(dp, nets.view),  # type: ignore[arg-type]
     )
     key = "/podnet/u/jobs/7"
     sync.on_event("put", key, _etcd_kv(etcd, key))

@@ -63,6 +63,9 @@ class Observed(Protocol):
     def records_restored(self) -> int: ...
 
     @property
+    def overlay_misses(self) -> tuple[int, int, int]: ...
+
+    @property
     def pool_blocks(self) -> tuple[int, int]: ...
 
     def list_pods(self, uid: int | None) -> Sequence[_Pod]: ...
@@ -126,6 +129,22 @@ class AgentCollector:
             "podnet_records_restored",
             "Records of this node's pods written back after another writer changed them",
             value=self.agent.records_restored,
+        )
+        misses, resolved, dropped = self.agent.overlay_misses
+        yield CounterMetricFamily(
+            "podnet_overlay_misses",
+            "Misses of the users' VXLANs on this node (a pod's first packet to a remote pod)",
+            value=misses,
+        )
+        yield CounterMetricFamily(
+            "podnet_overlay_resolved",
+            "Remote pods the users' VXLANs were given entries of, from the block map",
+            value=resolved,
+        )
+        yield CounterMetricFamily(
+            "podnet_overlay_dropped",
+            "VXLAN misses dropped: over a user's rate, or lost by the kernel (socket full)",
+            value=dropped,
         )
         if self.requests is not None:
             yield counter_family(

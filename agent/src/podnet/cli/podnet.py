@@ -25,7 +25,7 @@ from podnet.api.client import DEFAULT_SOCKET, ApiError
 from podnet.cli import cluster, verify
 from podnet.config import DEFAULT_CONFIG, ConfigError, NodeConfig
 from podnet.kernel import capability, nl, nlquery
-from podnet.names import Keys, is_veth_name
+from podnet.names import Keys, ip_of_mac, is_veth_name
 from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
@@ -316,8 +316,9 @@ def _host_addresses() -> dict[str, Any]:
 
 
 def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
-    """FDB of each local user VXLAN versus the user's VTEPs in etcd (the nodes of the user's
-    pods, at their registered addresses: what podnetd's sync loop computes)."""
+    """Each local user VXLAN: made to ask for remote pods (`l3miss`, not an older podnetd's
+    flooding device), and each remote pod it has met sent to the node that owns the pod's
+    block, at its registered address (what podnetd's overlay resolves: node/overlay.py)."""
     out = []
     try:
         view = ClusterView.load(Etcd.of_node(cfg), Keys(cfg.cluster), cfg.node)
@@ -325,16 +326,21 @@ def _fdb_drift(cfg: NodeConfig) -> list[dict[str, Any]]:
             for name, info in nlquery.links(sock).items():
                 if info["kind"] != "vxlan" or not name.startswith("pnvx"):
                     continue
-                vni = int(info["vni"])
-                want = set(view.vteps_of(vni)) - {cfg.underlay_ip}
-                have = nlquery.fdb_dsts(sock, int(info["index"]))
-                ok = want == have
-                detail = (
-                    "in sync"
-                    if ok
-                    else f"missing {sorted(want - have)}, extra {sorted(have - want)}"
+                flood, unicast = nlquery.fdb_entries(sock, int(info["index"]))
+                wrong = sorted(
+                    f"{ip} -> {dst} (owner: {view.vtep_of(ip) or 'none'})"
+                    for mac, dst in unicast.items()
+                    if (ip := ip_of_mac(mac)) is not None and view.vtep_of(ip) != dst
                 )
-                out.append(_check(f"fdb:{name}", ok, detail))
+                problems = []
+                if not info.get("l3miss"):
+                    problems.append("made by an older podnetd (restart podnetd)")
+                if flood:
+                    problems.append(f"floods to {sorted(flood)}")
+                if wrong:
+                    problems.append(f"sends to the wrong node: {', '.join(wrong)}")
+                detail = "; ".join(problems) or f"in sync ({len(unicast)} remote pods met)"
+                out.append(_check(f"fdb:{name}", not problems, detail))
     except (EtcdUnavailable, EtcdRequestError, OSError, ConfigError) as e:
         out.append(_check("fdb", False, str(e)))
     return out

@@ -46,6 +46,13 @@ from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, mac_for_ip, new
 
 log = logging.getLogger("podnet.dataplane")
 
+#: a pod's ARP request for a pod of another node is answered by the user's VXLAN once
+#: podnetd has resolved it (`podnet.kernel.vxmiss`, `podnet.node.overlay`): the pod asks
+#: again every ARP_RETRANS_MS, up to ARP_PROBES times (the kernel's default: every second,
+#: 3 times, so a pod's first packet to another node would wait a second)
+ARP_RETRANS_MS = 20
+ARP_PROBES = 50
+
 
 class DataplaneError(RuntimeError):
     pass
@@ -98,6 +105,7 @@ class Dataplane(UserLinks):
         self.host = netns.HostNetns()
         self._tls = threading.local()
         self.bridges: dict[int, int] = {}  # vni -> bridge ifindex of users present here
+        self.vxlans: dict[int, int] = {}  # VXLAN ifindex -> vni of users present here
         self.lock = threading.Lock()  # user bridge/VXLAN creation and removal
         self.spares = Spares(self.host, self.nl)
         netns.make_shared_dir(self.netns_dir)
@@ -205,6 +213,7 @@ class Dataplane(UserLinks):
                     nlreq.addr(ns.eth0, spec.ip, spec.prefix),
                     nlreq.link_up_with_mac(ns.eth0, mac_for_ip(spec.ip)),
                     nlreq.neigh(ns.eth0, spec.gateway_ip, GATEWAY_MAC),
+                    nlreq.arp_probes(ns.eth0, ARP_RETRANS_MS, ARP_PROBES),
                     nlreq.route(spec.gateway_ip, 32, oif=ns.eth0, scope=nl.RT_SCOPE_LINK),
                     nlreq.route(nl.ANY, 0, gateway=spec.gateway_ip, oif=ns.eth0),
                 ]

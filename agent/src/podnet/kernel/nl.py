@@ -171,7 +171,7 @@ class Netlink:
         pending = {r.seq for r in group}
         while pending:
             data = self.sock.recv(1 << 20)
-            for mtype, seq, payload in _split(data):
+            for mtype, seq, payload in split(data):
                 if mtype == NLMSG_ERROR and seq in pending:
                     (err,) = struct.unpack_from("=i", payload, 0)
                     results[seq] = -err
@@ -205,7 +205,7 @@ class Netlink:
                 yield m
 
 
-def _split(data: bytes) -> Iterator[tuple[int, int, bytes]]:
+def split(data: bytes) -> Iterator[tuple[int, int, bytes]]:
     off = 0
     while off + 16 <= len(data):
         length, mtype, _flags, seq, _pid = _HDR.unpack_from(data, off)

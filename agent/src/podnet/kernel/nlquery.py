@@ -36,7 +36,7 @@ def ifindex(nl: Netlink, name: str) -> int:
 
 # -- queries -------------------------------------------------------------------------
 def links(nl: Netlink) -> dict[str, dict[str, Any]]:
-    """name -> {index, kind, master, vni} for every link of the socket's netns."""
+    """name -> {index, kind, master, vni, l3miss, link} for every link of the socket's netns."""
     out: dict[str, dict[str, Any]] = {}
     m = ifinfmsg()
     m["family"] = 0
@@ -45,14 +45,17 @@ def links(nl: Netlink) -> dict[str, dict[str, Any]]:
         info = msg.get_attr("IFLA_LINKINFO")
         kind = info.get_attr("IFLA_INFO_KIND") if info else None
         vni = None
+        l3miss = False
         if kind == "vxlan":
             data = info.get_attr("IFLA_INFO_DATA")
             vni = data.get_attr("IFLA_VXLAN_ID") if data else None
+            l3miss = bool(data.get_attr("IFLA_VXLAN_L3MISS")) if data else False
         out[name] = {
             "index": msg["index"],
             "kind": kind,
             "master": msg.get_attr("IFLA_MASTER") or 0,
             "vni": vni,
+            "l3miss": l3miss,
             "link": msg.get_attr("IFLA_LINK") or 0,
         }
     return out
@@ -76,11 +79,6 @@ def podnet_routes(nl: Netlink) -> list[tuple[str, int, int, str | None, int]]:
             )
         )
     return out
-
-
-def fdb_dsts(nl: Netlink, index: int) -> set[str]:
-    """Destinations of all-zero FDB entries on VXLAN device `index`."""
-    return fdb_entries(nl, index)[0]
 
 
 def fdb_entries(nl: Netlink, index: int) -> tuple[set[str], dict[str, str]]:

@@ -19,7 +19,6 @@ from podnet.kernel.nl import (
     NDA_DST,
     NDA_LLADDR,
     NLM_F_ACK,
-    NLM_F_APPEND,
     NLM_F_CREATE,
     NLM_F_EXCL,
     NLM_F_REPLACE,
@@ -60,6 +59,10 @@ IFLA_INFO_KIND, IFLA_INFO_DATA, VETH_INFO_PEER = 1, 2, 1
 IFLA_INET6_ADDR_GEN_MODE = 8
 IFLA_VXLAN_ID, IFLA_VXLAN_LINK, IFLA_VXLAN_LOCAL, IFLA_VXLAN_TTL = 1, 3, 4, 5
 IFLA_VXLAN_LEARNING, IFLA_VXLAN_PORT = 7, 15
+IFLA_VXLAN_PROXY, IFLA_VXLAN_L2MISS, IFLA_VXLAN_L3MISS = 11, 13, 14
+RTM_SETNEIGHTBL = 67
+NDTA_NAME, NDTA_PARMS = 1, 6
+NDTPA_IFINDEX, NDTPA_RETRANS_TIME, NDTPA_UCAST_PROBES, NDTPA_MCAST_PROBES = 1, 5, 10, 11
 IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY = 1, 4, 5
 
@@ -195,7 +198,10 @@ def bridge(name: str, mac: str, mtu: int) -> Request:
 
 
 def vxlan(name: str, vni: int, local: str, link: int, port: int, mtu: int, master: int) -> Request:
-    """A VXLAN device, down (`host_link_up` follows)."""
+    """A VXLAN device, down (`host_link_up` follows): no learning; ARP answered by the
+    device from its own neighbour entries (`proxy`), and a miss of a neighbour or of a
+    forwarding entry reported to podnetd (`l3miss`, `l2miss`: `podnet.kernel.vxmiss`),
+    which adds them (docs/agent.md "The overlay, resolved on demand")."""
     data = (
         _u32(IFLA_VXLAN_ID, vni)
         + _ip4(IFLA_VXLAN_LOCAL, local)
@@ -203,6 +209,9 @@ def vxlan(name: str, vni: int, local: str, link: int, port: int, mtu: int, maste
         + _rta(IFLA_VXLAN_PORT, struct.pack(">H", port))
         + _rta(IFLA_VXLAN_LEARNING, b"\0")
         + _rta(IFLA_VXLAN_TTL, bytes([64]))
+        + _rta(IFLA_VXLAN_PROXY, b"\1")
+        + _rta(IFLA_VXLAN_L2MISS, b"\1")
+        + _rta(IFLA_VXLAN_L3MISS, b"\1")
     )
     info = _str(IFLA_INFO_KIND, "vxlan") + _rta(IFLA_INFO_DATA, data)
     body = (
@@ -315,35 +324,26 @@ def neigh(index: int, ip: str, mac: str, delete: bool = False) -> Request:
     )
 
 
-def fdb_flood(index: int, vtep: str, delete: bool = False) -> Request:
-    """All-zero FDB entry on a VXLAN device: flood BUM traffic to `vtep` (a user's first
-    pod adds one per node of theirs: hundreds)."""
-    body = (
-        _NDMSG.pack(AF_BRIDGE, 0, 0, index, NUD_PERMANENT, NTF_SELF, 0)
-        + _rta(NDA_LLADDR, bytes(6))
-        + _rta(NDA_DST, socket.inet_aton(vtep))
+def arp_probes(index: int, retrans_ms: int, probes: int) -> Request:
+    """ARP of interface `index` (a pod's eth0): a request repeated every `retrans_ms`, up to
+    `probes` times, before the neighbour fails (the kernel's defaults: 1000 ms, 3). The
+    first request for a pod on another node is answered once podnetd has resolved it
+    (`podnet.kernel.vxmiss`): the repeat, not the default second, answers it."""
+    parms = (
+        _u32(NDTPA_IFINDEX, index)
+        + _rta(NDTPA_RETRANS_TIME, struct.pack("=Q", retrans_ms))
+        + _u32(NDTPA_MCAST_PROBES, probes)
     )
-    if delete:
-        return Request.raw(
-            RTM_DELNEIGH, _SET, body, f"delete fdb {vtep}", ignore=(errno.ENOENT, errno.ENODEV)
-        )
-    return Request.raw(
-        RTM_NEWNEIGH,
-        NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_APPEND,
-        body,
-        f"fdb {vtep}",
-        ignore=(errno.EEXIST,),
-    )
+    body = struct.pack("=BxH", AF_INET, 0) + _str(NDTA_NAME, "arp_cache") + _rta(NDTA_PARMS, parms)
+    return Request.raw(RTM_SETNEIGHTBL, _SET, body, f"ARP timing of link {index}")
 
 
-def fdb_unicast(index: int, mac: str, vtep: str, delete: bool = False) -> Request:
-    """FDB entry on a VXLAN device: frames to `mac` (a remote pod) go to `vtep` alone,
-    not to every VTEP of the all-zero entries."""
-    body = (
-        _NDMSG.pack(AF_BRIDGE, 0, 0, index, NUD_PERMANENT, NTF_SELF, 0)
-        + _mac(NDA_LLADDR, mac)
-        + _rta(NDA_DST, socket.inet_aton(vtep))
-    )
+def fdb_unicast(index: int, mac: str, vtep: str | None, delete: bool = False) -> Request:
+    """FDB entry on a VXLAN device: frames to `mac` (a remote pod) go to `vtep` alone
+    (None, to delete: whatever it went to)."""
+    body = _NDMSG.pack(AF_BRIDGE, 0, 0, index, NUD_PERMANENT, NTF_SELF, 0) + _mac(NDA_LLADDR, mac)
+    if vtep is not None:
+        body += _rta(NDA_DST, socket.inet_aton(vtep))
     if delete:
         return Request.raw(
             RTM_DELNEIGH, _SET, body, f"delete fdb {mac}", ignore=(errno.ENOENT, errno.ENODEV)

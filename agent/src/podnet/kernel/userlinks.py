@@ -1,18 +1,20 @@
 # SPDX-License-Identifier: Apache-2.0
 """A user's network on this node, the part of `Dataplane` that is not one pod's: the
 user's bridge `pnbr<vni>` and VXLAN `pnvx<vni>` (made with the user's first pod, removed
-with the last), the VXLAN's FDB (flooding to the user's other nodes, unicast to remote
-pods), and the routes to other nodes' address blocks. podnet's host-side links carry no
-address, IPv4 or IPv6 (`scrub_host_links` removes an older podnetd's).
+with the last), the remote pods the VXLAN has met (a neighbour entry that answers a pod's
+ARP request, a forwarding entry to the pod's node: `resolve`, on the device's misses), and
+the routes to other nodes' address blocks. podnet's host-side links carry no address, IPv4
+or IPv6 (`scrub_host_links` removes an older podnetd's).
 """
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import threading
 
 from podnet.kernel import nl, nlquery, nlreq
-from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, vxlan_name
+from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, mac_for_ip, vxlan_name
 
 #: a netlink socket (the name `nl` is a method inside UserLinks)
 Socket = nl.Netlink
@@ -27,6 +29,8 @@ class UserLinks:
     vxlan_port: int
     #: vni -> bridge ifindex of users present here
     bridges: dict[int, int]
+    #: VXLAN ifindex -> vni of users present here (their misses come by ifindex)
+    vxlans: dict[int, int]
     #: user bridge/VXLAN creation and removal
     lock: threading.Lock
 
@@ -34,11 +38,10 @@ class UserLinks:
         """This thread's rtnetlink socket in the daemon's netns (`Dataplane.nl`)."""
         raise NotImplementedError
 
-    def ensure_user(self, vni: int, vteps: list[str]) -> int:
-        """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex.
-
-        The FDB of the VXLAN is set to exactly `vteps` (remote underlay IPs).
-        """
+    def ensure_user(self, vni: int) -> int:
+        """Bridge + VXLAN of a user (created if missing); returns the bridge's ifindex. A
+        VXLAN of an older podnetd (flooding to the user's nodes, entries for every remote
+        pod: no `l3miss`) is made again as this one makes it."""
         br, vx = bridge_name(vni), vxlan_name(vni)
         with self.lock:
             links = nlquery.links(self.nl())
@@ -50,6 +53,9 @@ class UserLinks:
             else:  # no address: reconcile removed an older podnetd's (scrub_host_links)
                 self.nl().batch(nlreq.host_link_up(br))
             bri = int(links[br]["index"])
+            if vx in links and not links[vx].get("l3miss"):
+                self.nl().batch([nlreq.del_link(int(links[vx]["index"]), vx)])
+                del links[vx]
             if vx not in links:
                 self.nl().batch(
                     [
@@ -66,7 +72,8 @@ class UserLinks:
                     ]
                 )
                 links = nlquery.links(self.nl())
-            self._set_fdb(int(links[vx]["index"]), vteps)
+            vxi = int(links[vx]["index"])
+            self.vxlans = {i: v for i, v in self.vxlans.items() if v != vni} | {vxi: vni}
             self.bridges[vni] = bri
         return bri
 
@@ -74,41 +81,40 @@ class UserLinks:
         """The user's bridge index if this agent set it up (no netlink dump)."""
         return self.bridges.get(vni)
 
-    def set_vteps(self, vni: int, vteps: list[str], macs: dict[str, str] | None = None) -> bool:
-        """Make the user's FDB exactly `vteps` (flooding) and, unless None, `macs` (remote
-        pod MAC -> its node's underlay address: unicast to that node alone); False if the
-        user has no VXLAN here."""
-        with self.lock:
-            links = nlquery.links(self.nl())
-            vx = links.get(vxlan_name(vni))
-            if not vx:
-                return False
-            self._set_fdb(int(vx["index"]), vteps, macs)
-            return True
+    def vni_of_vxlan(self, index: int) -> int | None:
+        """The VNI of the user's VXLAN `index` (None: not one this agent set up)."""
+        return self.vxlans.get(index)
 
-    def _set_fdb(self, index: int, vteps: list[str], macs: dict[str, str] | None = None) -> None:
-        want = {v for v in vteps if v != self.underlay_ip}
-        have, unicast = nlquery.fdb_entries(self.nl(), index)
-        reqs = [nlreq.fdb_flood(index, v) for v in sorted(want - have)]
-        reqs += [nlreq.fdb_flood(index, v, delete=True) for v in sorted(have - want)]
-        if macs is not None:
-            macs = {m: d for m, d in macs.items() if d != self.underlay_ip}
-            reqs += [
-                nlreq.fdb_unicast(index, m, d)
-                for m, d in sorted(macs.items())
-                if unicast.get(m) != d
-            ]
-            reqs += [
-                nlreq.fdb_unicast(index, m, d, delete=True)
-                for m, d in sorted(unicast.items())
-                if m not in macs
-            ]
+    def resolve(self, vni: int, remote: list[tuple[str, str | None]]) -> None:
+        """The remote pods `(ip, its node's underlay address)` of the user's VXLAN: the
+        device answers ARP for each (a neighbour entry, the MAC derived from the address)
+        and sends its frames to that node alone (a forwarding entry); None: forgotten
+        (both entries removed). Nothing if the user has no VXLAN here."""
+        index = next((i for i, v in self.vxlans.items() if v == vni), None)
+        if index is None:
+            return
+        reqs: list[nl.Request] = []
+        for ip, vtep in remote:
+            mac = mac_for_ip(ip)
+            if vtep is None:
+                reqs += [
+                    nlreq.neigh(index, ip, mac, delete=True),
+                    nlreq.fdb_unicast(index, mac, None, delete=True),
+                ]
+            else:
+                reqs += [nlreq.neigh(index, ip, mac), nlreq.fdb_unicast(index, mac, vtep)]
         for chunk in nl.chunks(reqs, 256):
-            self.nl().batch(chunk)
+            # a VXLAN removed meanwhile (the user's last pod went): nothing to resolve
+            try:
+                self.nl().batch(chunk)
+            except nl.NetlinkError as e:
+                if e.code != errno.ENODEV:
+                    raise
 
     def remove_user(self, vni: int) -> None:
         with self.lock:
             self.bridges.pop(vni, None)
+            self.vxlans = {i: v for i, v in self.vxlans.items() if v != vni}
             links = nlquery.links(self.nl())
             reqs = [
                 nlreq.del_link(int(links[n]["index"]), n)

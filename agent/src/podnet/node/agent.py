@@ -139,6 +139,7 @@ class Agent:
         loops: list[tuple[str, Callable[[], None]]] = [
             ("lease", lambda: plane.lease.run(self.stop, plane.reconcile.after_lease_loss)),
             ("sync", lambda: plane.sync.run(self.stop)),
+            ("overlay", lambda: plane.overlay.run(self.stop)),
             ("sessions", self._session_loop),
             ("gc", lambda: plane.reconcile.run_gc(self.stop, self.job_down)),
             ("linger", lambda: plane.nets.run(self.stop)),
@@ -444,6 +445,14 @@ class Agent:
     def records_restored(self) -> int:
         """The records the guard wrote back since podnetd started (metrics)."""
         return self._plane.guard.restored if self._plane is not None else 0
+
+    @property
+    def overlay_misses(self) -> tuple[int, int, int]:
+        """The VXLANs' misses, remote pods resolved, misses dropped (metrics)."""
+        if self._plane is None:
+            return 0, 0, 0
+        o = self._plane.overlay
+        return o.misses, o.resolutions, o.dropped
 
     def shutdown(self) -> None:
         self.stop.set()

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The etcd sync loop: one place where the cluster's state in etcd becomes this node's
-routes, VXLAN forwarding entries and firewall sets (as flannel's vxlan network loop): the
-applier of the `state.clusterview.ClusterView`'s changes.
+routes, the overlay's resolved entries and firewall sets (as flannel's vxlan network
+loop): the applier of the `state.clusterview.ClusterView`'s changes.
 
 Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and `nodes/`
 (all on the client's one watch stream) feed `on_event`: the event becomes a record
@@ -9,9 +9,10 @@ Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and 
 noted to be written back, and the view takes this node's own copy instead), the view
 takes it and says what changed, and each change is applied here: the allocator's IPAM view
 and job records (`JobRecords`, from which the allocator takes a job instead of reading
-it) at once, and only the kernel work the change needs is queued: a block moved (routes),
-a node came or went (node table, firewall, routes), the pods of a user on other nodes
-changed (that user's FDB), a record to write back ('restore'). `run` applies the queue in
+it) at once, and only the kernel work the change needs is queued: a block moved (routes,
+the overlay's entries of its pods: `Overlay.repoint`), a node came or went (node table,
+firewall, routes, the overlay's entries), a record to write back ('restore'). No other
+node's pod records are needed for the overlay (node/overlay.py). `run` applies the queue in
 one pass per burst of events; a failed pass is retried in full. After a watch was
 compacted away, `resync` re-reads everything in one transaction (`ClusterRead`: one
 revision for all of it).
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.firewall import Firewall
 from podnet.names import Keys
+from podnet.node.overlay import Overlay
 from podnet.node.pods import PodTable
 from podnet.node.repair import RecordRepair
 from podnet.node.workqueue import SyncQueue
@@ -38,7 +40,6 @@ from podnet.state.clusterview import (
     ClusterView,
     JobChanged,
     NodesChanged,
-    UserPodsChanged,
 )
 from podnet.state.etcdops import KV
 from podnet.state.store import Etcd
@@ -63,6 +64,7 @@ class EtcdSync:
         view: ClusterView,
         work: SyncQueue,
         repair: RecordRepair,
+        overlay: Overlay,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         """`repair`: screens the watches' records (tamper repair) and writes back in the
@@ -78,6 +80,7 @@ class EtcdSync:
         self.view = view
         self.work = work
         self.repair = repair
+        self.overlay = overlay
         self.on_idle = on_idle
 
     # -- events ----------------------------------------------------------------------
@@ -104,11 +107,10 @@ class EtcdSync:
                 self.alloc.ipam.mark(change.freed, used=False)
             if change.used:
                 self.alloc.ipam.mark(change.used)
-        elif isinstance(change, UserPodsChanged):
-            self.queue(change.vni)
         elif isinstance(change, BlockChanged):
             self.alloc.ipam.set_block(change.block, change.node)
             self.queue("routes")
+            self.queue("overlay")
         elif isinstance(change, NodesChanged):
             self.queue("nodes")
 
@@ -117,17 +119,13 @@ class EtcdSync:
         return self.repair.restore()
 
     def queue(self, what: str | int) -> None:
-        """'nodes', 'routes', 'fdb' (every user) or a VNI (that user's FDB)."""
+        """'nodes', 'routes', 'overlay' (the resolved remote pods looked up again)."""
         self.work.put(what)
-
-    def user_fdb(self, vni: int) -> None:
-        """The user's FDB as etcd says (after their network was made here)."""
-        self.dp.set_vteps(vni, self.view.vteps_of(vni), self.view.remote_macs(vni))
 
     def resync(self) -> int:
         """Everything the watchers follow, read again in one transaction (one revision):
-        the IPAM view, the job records, the pods' locations, the users' VNIs, the node
-        table. Returns the revision to watch from."""
+        the IPAM view, the job records, the blocks, the users' VNIs, the node table.
+        Returns the revision to watch from."""
         read = ClusterRead.of(self.etcd, self.keys)
         self.repair.check_read(read)
         changes = self.view.reset(read)
@@ -135,12 +133,12 @@ class EtcdSync:
         if self.alloc.jobs is not None:
             self.alloc.jobs.reset(read.jobs())
         for change in changes:
-            if isinstance(change, AddressesChanged | UserPodsChanged):
+            if isinstance(change, AddressesChanged):
                 self.act(change)
         nodes_changed = any(isinstance(c, NodesChanged) for c in changes)
         if nodes_changed and self.fw is not None:  # no firewall: the tests' view only
             self.resync_firewall()
-        for what in ("nodes", "routes", "fdb"):
+        for what in ("nodes", "routes", "overlay"):
             self.queue(what)
         return read.revision
 
@@ -158,11 +156,8 @@ class EtcdSync:
         moved = "nodes" in todo and self.refresh_nodes()
         if "routes" in todo or "nodes" in todo:
             self.sync_routes()
-        if "fdb" in todo or moved:
-            self.sync_fdb()
-        else:
-            for vni in (t for t in todo if isinstance(t, int)):
-                self.user_fdb(vni)
+        if "overlay" in todo or moved:
+            self.overlay.repoint()
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
@@ -185,7 +180,7 @@ class EtcdSync:
             except Exception:  # keep syncing; the next pass redoes everything
                 log.exception("sync failed")
                 self.queue("nodes")
-                self.queue("fdb")
+                self.queue("overlay")
                 time.sleep(1)
 
     # -- what a pass does ----------------------------------------------------------------
@@ -207,7 +202,3 @@ class EtcdSync:
         routes = {str(b): node_ips[n] for b, n in blocks.items() if n in node_ips}
         local = {str(b) for b, n in blocks.items() if n == self.node}
         self.dp.set_block_routes(routes, local)
-
-    def sync_fdb(self) -> None:
-        for vni in list(self.dp.user_ports()):
-            self.user_fdb(vni)

@@ -6,11 +6,12 @@ what (no callback is set afterwards):
     allocator, dataplane, firewall, pod wiring        (state and kernel)
     ClusterView, SyncQueue                            (state.clusterview: the watches' view;
                                                        workqueue.py: the sync loop's work)
-    UserNetworks(view, work)                          reads VTEPs and VNIs, queues a new network
+    UserNetworks(view, work)                          reads VNIs
+    Overlay(dp, view)                                 resolves the VXLANs' misses
     Containers(nets, ...)
     Reconciler(nets, view, containers.adopt, ...)     adopts at start, collects garbage
     RecordRepair(work, reconcile.own_job, ...)        tamper repair of the watched records
-    EtcdSync(view, work, repair, ...)                 events -> view -> changes applied
+    EtcdSync(view, work, repair, overlay, ...)        events -> view -> changes applied
     NodeLease, RecordGuard(reconcile.local.load, ...) tamper repair of the pods' records
 """
 
@@ -28,6 +29,7 @@ from podnet.kernel.pidns import PidNamespaces
 from podnet.names import Keys
 from podnet.node.containers import Containers
 from podnet.node.etcd_sync import EtcdSync
+from podnet.node.overlay import Overlay
 from podnet.node.pods import PodTable, PodWiring
 from podnet.node.reconcile import Reconciler
 from podnet.node.repair import RecordGuard, RecordRepair
@@ -52,6 +54,7 @@ class NodePlane:
     view: ClusterView
     nets: UserNetworks
     sync: EtcdSync
+    overlay: Overlay
     lease: NodeLease
     reconcile: Reconciler
     containers: Containers
@@ -157,7 +160,9 @@ class NodePlane:
             work,
             own_job=reconcile.own_job,
             on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
+            node=cfg.node,
         )
+        overlay = Overlay(dp, view)
         sync = EtcdSync(
             etcd,
             keys,
@@ -169,9 +174,24 @@ class NodePlane:
             view,
             work,
             repair,
+            overlay,
             on_idle=egress_check if cc.egress_gateway and not gateway_node else None,
         )
         guard = RecordGuard(
             etcd, keys, cfg.node, alloc, pods, reconcile.local.load, lambda: lease.id
         )
-        return cls(cc, alloc, dp, fw, wiring, view, nets, sync, lease, reconcile, containers, guard)
+        return cls(
+            cc,
+            alloc,
+            dp,
+            fw,
+            wiring,
+            view,
+            nets,
+            sync,
+            overlay,
+            lease,
+            reconcile,
+            containers,
+            guard,
+        )

@@ -49,7 +49,15 @@ from podnet.state.etcdops import (
     op_put,
 )
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
-from podnet.state.watchrecords import ClusterRead, JobRecord, Record, UserRecord, VniRecord
+from podnet.state.watchrecords import (
+    BlockRecord,
+    ClusterRead,
+    JobRecord,
+    Record,
+    UserRecord,
+    VniRecord,
+    json_object,
+)
 
 log = logging.getLogger("podnet.guard")
 #: the watches' repair logs as the sync loop did
@@ -69,14 +77,19 @@ class RecordRepair:
         work: SyncQueue,
         own_job: Callable[[int], Job | None] = lambda job_id: None,
         on_job_lost: Callable[[int], None] = lambda job_id: None,
+        node: str = "",
     ) -> None:
         """`own_job`: this node's copy of a job's record, if it has a pod of it
         (reconcile.local); `on_job_lost`: a job with a pod here lost its record (the
-        reconciler writes it back); `work`: 'restore' is queued there."""
+        reconciler writes it back); `work`: 'restore' is queued there; `node`: this node
+        (its blocks are kept its own; "": no block is)."""
         self.etcd = etcd
         self.work = work
         self.own_job = own_job
         self.on_job_lost = on_job_lost
+        self.node = node
+        #: this node's blocks as it first saw them (key -> value)
+        self._my_blocks: dict[str, str] = {}
         #: the lock of the two tables below
         self._mutex = threading.Lock()
         #: users' and VNIs' records as this node first saw them (key -> value)
@@ -86,25 +99,52 @@ class RecordRepair:
 
     def screen(self, rec: Record) -> Record | None:
         """The record as this node takes it into the view: a job record of a job with a
-        pod here as this node keeps it, a changed user's record not at all (None); what
-        differs is noted to be written back."""
+        pod here as this node keeps it, a block of this node as its own, a changed user's
+        record not at all (None); what differs is noted to be written back."""
         if isinstance(rec, JobRecord):
-            mine = self.own_job(rec.job_id)
-            if mine is None:
-                return rec
-            if rec.deleted:
-                sync_log.warning(
-                    "job %d: its record was deleted while its pod runs here", rec.job_id
-                )
-                self.on_job_lost(rec.job_id)
-                return rec
-            if rec.job is None or rec.job.to_json() != mine.to_json():
-                self.tampered(rec.key, rec.revision, store_json(mine.to_json()))
-                return replace(rec, job=mine)  # what this node keeps using meanwhile
-            return rec
+            return self._screen_job(rec)
         if isinstance(rec, UserRecord | VniRecord):
             return None if self.changed_once_created(rec.key, rec.value, rec.revision) else rec
+        if isinstance(rec, BlockRecord):
+            first = self.block_moved(rec.key, rec.node, rec.value, rec.revision)
+            return rec if first is None else replace(rec, node=self.node, value=first)
         return rec
+
+    def _screen_job(self, rec: JobRecord) -> JobRecord:
+        mine = self.own_job(rec.job_id)
+        if mine is None:
+            return rec
+        if rec.deleted:
+            sync_log.warning("job %d: its record was deleted while its pod runs here", rec.job_id)
+            self.on_job_lost(rec.job_id)
+            return rec
+        if rec.job is None or rec.job.to_json() != mine.to_json():
+            self.tampered(rec.key, rec.revision, store_json(mine.to_json()))
+            return replace(rec, job=mine)  # what this node keeps using meanwhile
+        return rec
+
+    def block_moved(
+        self, key: str, node: str | None, value: str | None, revision: int
+    ) -> str | None:
+        """A block this node has seen as its own, given to another node or deleted: noted to
+        be written back; returns its value as this node saw it (None: nothing to undo)."""
+        if not self.node:
+            return None
+        with self._mutex:
+            first = self._my_blocks.get(key)
+            if node == self.node and value is not None:
+                if first is None:
+                    self._my_blocks[key] = value
+                return None
+        if first is None:
+            return None
+        sync_log.warning(
+            "%s, a block of this node, was %s by another writer: writing it back",
+            key,
+            "deleted" if value is None else f"changed to {value}",
+        )
+        self.tampered(key, revision, first)
+        return first
 
     def check_read(self, read: ClusterRead) -> None:
         """After a whole read: the users' and VNIs' records, the records of the jobs with
@@ -116,6 +156,18 @@ class RecordRepair:
             kv = present.get(key)
             self.changed_once_created(
                 key, kv.value if kv is not None else None, kv.mod_revision if kv else 0
+            )
+        blocks = {kv.key: kv for kv in read.kvs.get("blocks", [])}
+        with self._mutex:
+            known = list(self._my_blocks)
+        for key in sorted(set(known) | set(blocks)):
+            kv = blocks.get(key)
+            owner = json_object(kv).get("node") if kv is not None else None
+            self.block_moved(
+                key,
+                owner if isinstance(owner, str) else None,
+                kv.value if kv is not None else None,
+                kv.mod_revision if kv is not None else 0,
             )
         for job in read.jobs():
             mine = self.own_job(job.job_id)

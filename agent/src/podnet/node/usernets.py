@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-user networks on this node: the user's VNI, bridge and VXLAN device, from the user's
-first pod here until `user_net_linger` seconds after their last one. Which nodes are the
-VTEPs of a user's network comes from the pod records
-(`state.clusterview.ClusterView.vteps_of`): nothing is registered for it. For podnetd of
+first pod here until `user_net_linger` seconds after their last one. Where the user's pods
+on other nodes are, the VXLAN asks when it meets one (`node/overlay.py`, from the block
+map): nothing is registered for it. For podnetd of
 earlier versions during a rolling upgrade, which still read `vteps/<vni>/<node>`, this
 node writes its own there too, in the background, until etcd refuses it (authentication
 on: nodes may not write there).
@@ -91,9 +91,8 @@ class UserNetworks:
         with self._mutex:
             self._idle.pop(vni, None)
         bri = self.dp.user_bridge(vni)
-        if bri is None:  # first pod of this user here: bridge, VXLAN, FDB in one go
-            bri = self.dp.ensure_user(vni, self.view.vteps_of(vni))
-            self.work.put(vni)
+        if bri is None:  # first pod of this user here: bridge and VXLAN
+            bri = self.dp.ensure_user(vni)
         self.register_vteps([vni])
         return vni, bri
 
@@ -157,10 +156,14 @@ class UserNetworks:
         return done
 
     def remove_unused(self, vnis_in_use: set[int]) -> None:
-        """At start: bridges of users with no pod left on this node."""
+        """At start: the networks of users with no pod left on this node go; those with
+        pods are taken over as this podnetd makes them (an older podnetd's VXLAN made
+        again: `Dataplane.ensure_user`), so their misses are answered."""
         for vni in self.dp.user_ports():
             if vni not in vnis_in_use:
                 self.dp.remove_user(vni)
+        for vni in sorted(vnis_in_use):
+            self.dp.ensure_user(vni)
 
     def run(self, stop: threading.Event) -> None:
         """The linger timer."""

@@ -73,8 +73,14 @@ class VniRecord:
 
 @dataclass(frozen=True)
 class BlockRecord:
+    """`blocks/<cidr>`: an address block and its owner; a node's blocks stay its own (the
+    overlay and the routes send its pods' traffic to the owner: `node/repair.py`)."""
+
     block: ipaddress.IPv4Network
     node: str | None  # None: free
+    key: str = ""
+    value: str | None = None  # None: deleted
+    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,7 +143,8 @@ def _block_record(key: str, _what: str, _rest: str, put: KV | None) -> Record | 
         log.warning("ignoring the block record %s (not a block)", key)
         return None
     node = json_object(put).get("node")
-    return BlockRecord(blk, node if isinstance(node, str) else None)
+    value, rev = (put.value, put.mod_revision) if put is not None else (None, 0)
+    return BlockRecord(blk, node if isinstance(node, str) else None, key, value, rev)
 
 
 def _node_record(_key: str, _what: str, rest: str, _put: KV | None) -> Record | None:
