@@ -216,13 +216,15 @@ def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> 
     assert isinstance(pod, PodRecord) and repair.screen(pod) is pod
 
 
-def test_the_repair_keeps_this_nodes_blocks_its_own() -> None:
-    """A block this node has seen as its own, given to another node or deleted by another
+def test_the_repair_keeps_the_blocks_of_this_nodes_pods() -> None:
+    """A block that holds a pod of this node, given to another node or deleted by another
     writer: the view keeps it this node's, the write back is queued (a node with a stolen
     certificate would otherwise have every node's overlay and routes send this node's pods'
-    traffic to it). Another node's block, or a new one, is not this node's to judge."""
+    traffic to it). A block given to this node by another writer holds none of its pods: it
+    is not defended (two honest nodes never fight over it), nor is another node's."""
     work = SyncQueue()
-    repair = RecordRepair(FakeEtcd(), work, node="n1")  # type: ignore[arg-type]
+    ips = ["198.18.0.5"]
+    repair = RecordRepair(FakeEtcd(), work, node="n1", own_ips=lambda: ips)  # type: ignore[arg-type]
     key = "blocks/198.18.0.0-26"
     own = record_of(KEYS, "put", ROOT + key, _kv(key, {"node": "n1"}, 4))
     assert isinstance(own, BlockRecord) and repair.screen(own) is own
@@ -232,26 +234,26 @@ def test_the_repair_keeps_this_nodes_blocks_its_own() -> None:
     screened = repair.screen(stolen)
     assert isinstance(screened, BlockRecord) and screened.node == "n1"
     assert work.take() == {"restore"}
-    assert repair._restores[ROOT + key] == ('{"node": "n1"}', 9)
+    assert repair._restores[ROOT + key] == ('{"node":"n1"}', 9)
     gone = record_of(KEYS, "delete", ROOT + key, None)
     assert isinstance(gone, BlockRecord)
     screened = repair.screen(gone)
     assert isinstance(screened, BlockRecord) and screened.node == "n1"
-    # another node's block moving is not this node's business
-    other = record_of(
-        KEYS, "put", ROOT + "blocks/198.18.0.64-26", _kv("blocks/198.18.0.64-26", {"node": "n2"})
-    )
-    moved = record_of(
-        KEYS, "put", ROOT + "blocks/198.18.0.64-26", _kv("blocks/198.18.0.64-26", {"node": "n3"})
-    )
-    assert other is not None and moved is not None
-    assert repair.screen(other) is other and repair.screen(moved) is moved
+    # n2's block given to n1 by another writer, and moved on: none of n1's pods is in it
+    other = "blocks/198.18.0.64-26"
+    for node in ("n1", "n3"):
+        rec = record_of(KEYS, "put", ROOT + other, _kv(other, {"node": node}))
+        assert rec is not None and repair.screen(rec) is rec
     # after a whole read (a resync): the same
     etcd = FakeEtcd()
     etcd.put(ROOT + key, {"node": "n3"})
+    etcd.put(ROOT + other, {"node": "n3"})
     work.take()
     repair.check_read(ClusterRead.of(etcd, KEYS))  # type: ignore[arg-type]
-    assert work.take() == {"restore"}
+    assert work.take() == {"restore"} and set(repair._restores) == {ROOT + key}
+    # the pod gone: its block is no longer this node's to defend
+    ips.clear()
+    assert repair.screen(stolen) is stolen
 
 
 def test_podnet_doctor_checks_the_overlay_with_the_view_alone(

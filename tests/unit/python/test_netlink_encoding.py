@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from podnet.kernel import nl, nlreq
+from podnet.kernel.userlinks import arp_reply
 from podnet.names import mac_for_ip
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import ifinfmsg
@@ -257,3 +258,16 @@ def test_neigh_matches_pyroute2(delete: bool) -> None:
         m, nl.RTM_DELNEIGH if delete else nl.RTM_NEWNEIGH, _SET if delete else _REPLACE, r.seq
     )
     assert r.data == want
+
+
+def test_the_arp_reply_announcing_a_remote_pod() -> None:
+    """What podnetd broadcasts into a user's bridge once a remote pod is resolved
+    (UserLinks.announce): an ARP reply, sender and target the pod's address, from its MAC."""
+    f = arp_reply("198.18.0.66", "0a:58:c6:12:00:42")
+    assert len(f) == 42
+    assert f[:6] == b"\xff" * 6 and f[6:12] == bytes.fromhex("0a58c6120042")
+    assert f[12:14] == b"\x08\x06"  # ARP
+    # hardware Ethernet, protocol IPv4, sizes 6 and 4, op 2 (reply)
+    assert f[14:22] == bytes.fromhex("0001080006040002")
+    assert f[22:28] == bytes.fromhex("0a58c6120042") and f[28:32] == bytes([198, 18, 0, 66])
+    assert f[32:38] == b"\xff" * 6 and f[38:42] == bytes([198, 18, 0, 66])

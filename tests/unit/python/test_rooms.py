@@ -49,6 +49,7 @@ class FakeDataplane:
     #: vni -> remote pod address -> the node address its entries send to
     remote: dict[int, dict[str, str]] = field(default_factory=dict)
     resolves: int = 0  # calls of `resolve` (one netlink batch each)
+    announced: dict[int, list[str]] = field(default_factory=dict)  # vni -> ARP replies
     routes: tuple[dict[str, str], set[str]] = field(default_factory=lambda: ({}, set()))
     removed: list[int] = field(default_factory=list)
 
@@ -65,6 +66,9 @@ class FakeDataplane:
 
     def vni_of_vxlan(self, index: int) -> int | None:
         return self.vxlans.get(index)
+
+    def announce(self, vni: int, ips: list[str]) -> None:
+        self.announced.setdefault(vni, []).extend(ips)
 
     def set_block_routes(self, routes: dict[str, str], local: set[str]) -> None:
         self.routes = (routes, local)
@@ -271,6 +275,8 @@ def test_the_overlay_resolves_a_miss_from_the_block_map_alone() -> None:
         b: {"198.18.0.67": "203.0.113.12"},
     }
     assert dp.resolves == 2  # one batch per user
+    # the pods that asked (L3 misses) are answered at once; an L2 miss asked no ARP
+    assert dp.announced == {a: ["198.18.0.66"], b: ["198.18.0.67"]}
     # n2's block moves to n3, n3's is freed: the entries follow, after the sync loop's pass
     sync.on_event("put", "/podnet/u/blocks/198.18.0.64-26", _KV({"node": "n3"}))
     sync.on_event("delete", "/podnet/u/blocks/198.18.0.128-26", None)

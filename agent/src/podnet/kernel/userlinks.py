@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import socket
+import struct
 import threading
 
 from podnet.kernel import nl, nlquery, nlreq
@@ -18,6 +20,16 @@ from podnet.names import GATEWAY_MAC, bridge_name, is_veth_name, mac_for_ip, vxl
 
 #: a netlink socket (the name `nl` is a method inside UserLinks)
 Socket = nl.Netlink
+ETH_P_ARP = 0x0806
+_BROADCAST = b"\xff" * 6
+
+
+def arp_reply(ip: str, mac: str) -> bytes:
+    """An Ethernet frame: `ip` is at `mac`, an ARP reply broadcast (sender and target the
+    same address: what a host sends when its address comes up)."""
+    hw, addr = bytes.fromhex(mac.replace(":", "")), socket.inet_aton(ip)
+    arp = struct.pack("!HHBBH", 1, 0x0800, 6, 4, 2) + hw + addr + _BROADCAST + addr
+    return _BROADCAST + hw + struct.pack("!H", ETH_P_ARP) + arp
 
 
 class UserLinks:
@@ -110,6 +122,26 @@ class UserLinks:
             except nl.NetlinkError as e:
                 if e.code != errno.ENODEV:
                     raise
+
+    def announce(self, vni: int, ips: list[str]) -> None:
+        """Tell the user's pods here that the remote pods `ips` are resolved: an ARP reply
+        of each (its derived MAC), broadcast into the user's bridge. A pod waiting for one
+        of them (its ARP request was a miss) takes it at once instead of at its next
+        request (`ARP_RETRANS_MS` later, each way); a pod that did not ask ignores it (the
+        kernel creates no entry from an unsolicited reply: `arp_accept` 0). It reaches the
+        user's pods only: the VXLAN (`proxy`) drops ARP replies, and the frame leaves from
+        the bridge itself, which learns no address from what it sends."""
+        if vni not in self.bridges:
+            return
+        name = bridge_name(vni)
+        with socket.socket(socket.AF_PACKET, socket.SOCK_RAW) as sock:
+            for ip in ips:
+                try:
+                    sock.sendto(arp_reply(ip, mac_for_ip(ip)), (name, ETH_P_ARP))
+                except OSError as e:  # the bridge went meanwhile: the pod asks again
+                    if e.errno not in (errno.ENODEV, errno.ENXIO):
+                        raise
+                    return
 
     def remove_user(self, vni: int) -> None:
         with self.lock:

@@ -7,8 +7,10 @@ no entry of, is a miss (`podnet.kernel.vxmiss`). A pod's address is in a block i
 owns (`blocks/`), its MAC is derived from the address (`names.mac_for_ip`), and its
 node's underlay address is registered (`nodes/`): `ClusterView.vtep_of`. So the device
 gets a neighbour entry (its proxy answers the pod's next ARP request) and a forwarding
-entry to that node alone (`UserLinks.resolve`). A miss for an address no block holds, or
-a block of this node, is left unanswered.
+entry to that node alone (`UserLinks.resolve`), and the pod that asked is answered at
+once (`UserLinks.announce`: an ARP reply into the user's bridge; without it, at its next
+request, 20 ms later). A miss for an address no block holds, or a block of this node, is
+left unanswered.
 
 What one user's pods make this node do is bounded: at most `PER_USER` remote pods per
 user (the oldest resolved goes first), at most `RATE` resolutions a second per user
@@ -78,6 +80,7 @@ class Overlay:
     def handle(self, misses: list[Miss]) -> int:
         """Resolve what these misses ask for; returns how many pods got entries."""
         todo: dict[int, dict[str, str | None]] = {}
+        asked: dict[int, list[str]] = {}  # L3 misses: pods waiting for an ARP reply
         with self._mutex:
             for m in misses:
                 self.misses += 1
@@ -96,6 +99,8 @@ class Overlay:
                 mine.pop(ip, None)
                 mine[ip] = vtep
                 todo.setdefault(vni, {})[ip] = vtep
+                if m.ip is not None:
+                    asked.setdefault(vni, []).append(ip)
                 while len(mine) > self.per_user:
                     old, _vtep = mine.popitem(last=False)
                     todo[vni][old] = None
@@ -103,6 +108,9 @@ class Overlay:
         for vni, remote in todo.items():
             self.dp.resolve(vni, list(remote.items()))
             done += sum(v is not None for v in remote.values())
+            waiting = [ip for ip in dict.fromkeys(asked.get(vni, [])) if remote.get(ip)]
+            if waiting:
+                self.dp.announce(vni, waiting)
         self.resolutions += done
         return done
 

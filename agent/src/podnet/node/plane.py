@@ -161,6 +161,7 @@ class NodePlane:
             own_job=reconcile.own_job,
             on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
             node=cfg.node,
+            own_ips=lambda: [p.ip for p in pods.all()],
         )
         overlay = Overlay(dp, view)
         sync = EtcdSync(

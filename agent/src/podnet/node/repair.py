@@ -30,9 +30,10 @@ Each write back is logged (a warning: someone else wrote there).
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -56,7 +57,7 @@ from podnet.state.watchrecords import (
     Record,
     UserRecord,
     VniRecord,
-    json_object,
+    record_of,
 )
 
 log = logging.getLogger("podnet.guard")
@@ -78,18 +79,18 @@ class RecordRepair:
         own_job: Callable[[int], Job | None] = lambda job_id: None,
         on_job_lost: Callable[[int], None] = lambda job_id: None,
         node: str = "",
+        own_ips: Callable[[], Iterable[str]] = lambda: (),
     ) -> None:
         """`own_job`: this node's copy of a job's record, if it has a pod of it
         (reconcile.local); `on_job_lost`: a job with a pod here lost its record (the
-        reconciler writes it back); `work`: 'restore' is queued there; `node`: this node
-        (its blocks are kept its own; "": no block is)."""
+        reconciler writes it back); `work`: 'restore' is queued there; `node`: this node,
+        `own_ips`: the addresses of its pods (the blocks that hold one are kept its own)."""
         self.etcd = etcd
         self.work = work
         self.own_job = own_job
         self.on_job_lost = on_job_lost
         self.node = node
-        #: this node's blocks as it first saw them (key -> value)
-        self._my_blocks: dict[str, str] = {}
+        self.own_ips = own_ips
         #: the lock of the two tables below
         self._mutex = threading.Lock()
         #: users' and VNIs' records as this node first saw them (key -> value)
@@ -106,8 +107,8 @@ class RecordRepair:
         if isinstance(rec, UserRecord | VniRecord):
             return None if self.changed_once_created(rec.key, rec.value, rec.revision) else rec
         if isinstance(rec, BlockRecord):
-            first = self.block_moved(rec.key, rec.node, rec.value, rec.revision)
-            return rec if first is None else replace(rec, node=self.node, value=first)
+            mine = self.block_moved(rec)
+            return rec if mine is None else replace(rec, node=self.node, value=mine)
         return rec
 
     def _screen_job(self, rec: JobRecord) -> JobRecord:
@@ -123,28 +124,21 @@ class RecordRepair:
             return replace(rec, job=mine)  # what this node keeps using meanwhile
         return rec
 
-    def block_moved(
-        self, key: str, node: str | None, value: str | None, revision: int
-    ) -> str | None:
-        """A block this node has seen as its own, given to another node or deleted: noted to
-        be written back; returns its value as this node saw it (None: nothing to undo)."""
-        if not self.node:
+    def block_moved(self, rec: BlockRecord) -> str | None:
+        """A block that holds a pod of this node, given to another node or deleted: noted
+        to be written back; returns the value this node writes (None: nothing to undo)."""
+        if not self.node or rec.node == self.node:
             return None
-        with self._mutex:
-            first = self._my_blocks.get(key)
-            if node == self.node and value is not None:
-                if first is None:
-                    self._my_blocks[key] = value
-                return None
-        if first is None:
+        if not any(ipaddress.IPv4Address(ip) in rec.block for ip in self.own_ips()):
             return None
+        mine = store_json({"node": self.node})
         sync_log.warning(
-            "%s, a block of this node, was %s by another writer: writing it back",
-            key,
-            "deleted" if value is None else f"changed to {value}",
+            "%s holds a pod of this node and was %s by another writer: writing it back",
+            rec.key,
+            "deleted" if rec.value is None else f"changed to {rec.value}",
         )
-        self.tampered(key, revision, first)
-        return first
+        self.tampered(rec.key, rec.revision, mine)
+        return mine
 
     def check_read(self, read: ClusterRead) -> None:
         """After a whole read: the users' and VNIs' records, the records of the jobs with
@@ -157,18 +151,10 @@ class RecordRepair:
             self.changed_once_created(
                 key, kv.value if kv is not None else None, kv.mod_revision if kv else 0
             )
-        blocks = {kv.key: kv for kv in read.kvs.get("blocks", [])}
-        with self._mutex:
-            known = list(self._my_blocks)
-        for key in sorted(set(known) | set(blocks)):
-            kv = blocks.get(key)
-            owner = json_object(kv).get("node") if kv is not None else None
-            self.block_moved(
-                key,
-                owner if isinstance(owner, str) else None,
-                kv.value if kv is not None else None,
-                kv.mod_revision if kv is not None else 0,
-            )
+        for kv in read.kvs.get("blocks", []):
+            rec = record_of(read.keys, "put", kv.key, kv)
+            if isinstance(rec, BlockRecord):
+                self.block_moved(rec)
         for job in read.jobs():
             mine = self.own_job(job.job_id)
             if mine is not None and job.to_json() != mine.to_json():
