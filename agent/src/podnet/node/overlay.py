@@ -39,9 +39,10 @@ log = logging.getLogger("podnet.overlay")
 
 #: remote pods one user's VXLAN keeps entries of on this node
 PER_USER = 16384
-#: resolutions per second per user, and at once
-RATE = 2000.0
-BURST = 4000.0
+#: resolutions per second per user, and at once (a whole user's worth: an all-to-all
+#: wire-up of a 10,000-node job meets 9,999 remote pods per node at once)
+RATE = 4000.0
+BURST = float(PER_USER)
 
 
 class _Bucket:
