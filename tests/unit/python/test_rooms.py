@@ -101,9 +101,7 @@ def _nets(linger: float) -> tuple[UserNetworks, FakeEtcd, FakeDataplane, PodTabl
     alloc = Allocator(etcd, keys, Ipam(CC.pod_cidr, 26), "lab", 4096, 8191)  # type: ignore[arg-type]
     view = ClusterView("n1")
     view.node_ips = {"n1": "203.0.113.11"}
-    nets = UserNetworks(
-        etcd, keys, alloc, dp, pods, "n1", "203.0.113.11", linger, view, SyncQueue()
-    )  # type: ignore[arg-type]
+    nets = UserNetworks(etcd, keys, alloc, dp, pods, "n1", "203.0.113.11", linger, view)  # type: ignore[arg-type]
     return nets, etcd, dp, pods
 
 
@@ -207,10 +205,11 @@ def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> _KV:
 
 
 def _sync(nets: UserNetworks, etcd: FakeEtcd, dp: FakeDataplane, pods: PodTable) -> EtcdSync:
-    repair = RecordRepair(etcd, nets.work, node="n1")  # type: ignore[arg-type]
+    work = SyncQueue()
+    repair = RecordRepair(etcd, work, node="n1")  # type: ignore[arg-type]
     overlay = Overlay(dp, nets.view)  # type: ignore[arg-type]
     return EtcdSync(
-        etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, nets.work, repair, overlay
+        etcd, Keys("u"), "n1", nets.alloc, dp, None, pods, nets.view, work, repair, overlay
     )  # type: ignore[arg-type]
 
 
@@ -356,6 +355,7 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
     nets.alloc.jobs = JobRecords()
     job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0)
     lost: list[int] = []
+    work = SyncQueue()
     sync = EtcdSync(
         etcd,
         Keys("u"),
@@ -365,10 +365,10 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
         None,  # type: ignore[arg-type]
         pods,
         nets.view,
-        nets.work,
+        work,
         RecordRepair(
             etcd,  # type: ignore[arg-type]
-            nets.work,
+            work,
             own_job=lambda j: job if j == 7 else None,
             on_job_lost=lost.append,
         ),

@@ -118,7 +118,7 @@ class EtcdSync:
         """Write back the records another writer changed (`RecordRepair.restore`)."""
         return self.repair.restore()
 
-    def queue(self, what: str | int) -> None:
+    def queue(self, what: str) -> None:
         """'nodes', 'routes', 'overlay' (the resolved remote pods looked up again)."""
         self.work.put(what)
 
@@ -147,10 +147,10 @@ class EtcdSync:
             self.etcd.watch_prefix(self.keys.prefix(prefix), rev, self.on_event, self.resync, stop)
 
     # -- the loop ----------------------------------------------------------------------
-    def take(self) -> set[str | int]:
+    def take(self) -> set[str]:
         return self.work.take()
 
-    def apply(self, todo: set[str | int]) -> None:
+    def apply(self, todo: set[str]) -> None:
         if "restore" in todo:
             self.restore()
         moved = "nodes" in todo and self.refresh_nodes()

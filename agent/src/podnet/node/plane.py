@@ -6,7 +6,7 @@ what (no callback is set afterwards):
     allocator, dataplane, firewall, pod wiring        (state and kernel)
     ClusterView, SyncQueue                            (state.clusterview: the watches' view;
                                                        workqueue.py: the sync loop's work)
-    UserNetworks(view, work)                          reads VNIs
+    UserNetworks(view)                                reads VNIs
     Overlay(dp, view)                                 resolves the VXLANs' misses
     Containers(nets, ...)
     Reconciler(nets, view, containers.adopt, ...)     adopts at start, collects garbage
@@ -117,7 +117,6 @@ class NodePlane:
             cfg.underlay_ip,
             cfg.user_net_linger,
             view,
-            work,
         )
         containers = Containers(
             cfg.node,

@@ -124,12 +124,17 @@ class RecordRepair:
             return replace(rec, job=mine)  # what this node keeps using meanwhile
         return rec
 
-    def block_moved(self, rec: BlockRecord) -> str | None:
-        """A block that holds a pod of this node, given to another node or deleted: noted
-        to be written back; returns the value this node writes (None: nothing to undo)."""
+    def block_moved(
+        self, rec: BlockRecord, own: list[ipaddress.IPv4Address] | None = None
+    ) -> str | None:
+        """A block that holds a pod of this node (`own`: their addresses, read once by a
+        caller screening many blocks), given to another node or deleted: noted to be
+        written back; returns the value this node writes (None: nothing to undo)."""
         if not self.node or rec.node == self.node:
             return None
-        if not any(ipaddress.IPv4Address(ip) in rec.block for ip in self.own_ips()):
+        if own is None:
+            own = self.own_addresses()
+        if not any(ip in rec.block for ip in own):
             return None
         mine = store_json({"node": self.node})
         sync_log.warning(
@@ -139,6 +144,9 @@ class RecordRepair:
         )
         self.tampered(rec.key, rec.revision, mine)
         return mine
+
+    def own_addresses(self) -> list[ipaddress.IPv4Address]:
+        return [ipaddress.IPv4Address(ip) for ip in self.own_ips()]
 
     def check_read(self, read: ClusterRead) -> None:
         """After a whole read: the users' and VNIs' records, the records of the jobs with
@@ -151,10 +159,11 @@ class RecordRepair:
             self.changed_once_created(
                 key, kv.value if kv is not None else None, kv.mod_revision if kv else 0
             )
+        own = self.own_addresses()
         for kv in read.kvs.get("blocks", []):
             rec = record_of(read.keys, "put", kv.key, kv)
             if isinstance(rec, BlockRecord):
-                self.block_moved(rec)
+                self.block_moved(rec, own)
         for job in read.jobs():
             mine = self.own_job(job.job_id)
             if mine is not None and job.to_json() != mine.to_json():

@@ -24,7 +24,6 @@ from concurrent.futures import ThreadPoolExecutor
 from podnet.kernel.dataplane import Dataplane
 from podnet.names import Keys
 from podnet.node.pods import PodTable
-from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator
 from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdPermissionDenied, EtcdRequestError, EtcdUnavailable
@@ -44,11 +43,8 @@ class UserNetworks:
         underlay_ip: str,
         linger: float,
         view: ClusterView,
-        work: SyncQueue,
     ) -> None:
-        """`view`: the VTEPs of a VNI and users' VNIs, as the watches say; `work`: the sync
-        loop's queue (a network made here: its VNI, so the loop adds the unicast FDB
-        entries of the user's pods on other nodes)."""
+        """`view`: the users' VNIs, as the watches say."""
         self.etcd = etcd
         self.keys = keys
         self.alloc = alloc
@@ -63,7 +59,6 @@ class UserNetworks:
         self._idle: dict[int, tuple[float, int]] = {}  # vni -> (last pod gone, uid)
         self._mutex = threading.Lock()  # the four tables above
         self.view = view
-        self.work = work
         #: legacy VTEP keys (`vteps/<vni>/<node>`) while etcd takes them
         self._legacy = True
         self._bg = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vtep-legacy")

@@ -1,10 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the sync loop (`etcd_sync.EtcdSync`) has to apply: 'nodes', 'routes', 'fdb',
-'restore', or a VNI (that user's FDB). The watches' changes queue work in it, and so does
-`usernets.UserNetworks` when it made a user's network here (its FDB then gets the user's
-pods on other nodes), and `repair.RecordRepair` when a record is to be written back. Built
-first (with the `state.clusterview.ClusterView` the watches write), handed to each at
-construction.
+"""What the sync loop (`etcd_sync.EtcdSync`) has to apply: 'nodes', 'routes', 'overlay',
+'restore'. The watches' changes queue work in it, and so does `repair.RecordRepair` when a
+record is to be written back. Built first (with the `state.clusterview.ClusterView` the
+watches write), handed to each at construction.
 """
 
 from __future__ import annotations
@@ -14,17 +12,18 @@ import threading
 
 class SyncQueue:
     def __init__(self) -> None:
-        self._pending: set[str | int] = set()
+        self._pending: set[str] = set()
         self._mutex = threading.Lock()
         self._wake = threading.Event()
 
-    def put(self, what: str | int) -> None:
-        """'nodes', 'routes', 'fdb' (every user), 'restore' or a VNI (that user's FDB)."""
+    def put(self, what: str) -> None:
+        """'nodes', 'routes', 'overlay' (the resolved remote pods looked up again) or
+        'restore'."""
         with self._mutex:
             self._pending.add(what)
         self._wake.set()
 
-    def take(self) -> set[str | int]:
+    def take(self) -> set[str]:
         with self._mutex:
             todo, self._pending = self._pending, set()
         return todo
