@@ -59,3 +59,19 @@ def test_a_component_switched_off_runs_nothing(tmp_path: Path, playbook: str, sw
     out = run(inventory, playbook, "--check", ok=False)
     recap = out[out.rindex("PLAY RECAP") :]
     assert "ok=0 " not in recap or "failed=0 " not in recap, out[-3000:]
+
+
+@pytest.mark.parametrize("private", ["false", "true"])
+def test_the_cluster_wide_defaults_reach_the_role(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, private: str
+) -> None:
+    """The roles read the cluster-wide defaults of hpc.podnet.podnet (docs/roles/podnet.md), their
+    dependency, whether a play's role defaults are public or private (ANSIBLE_PRIVATE_ROLE_VARS):
+    hpk.yml with podnet_hpk_enabled unset runs none of its tasks (the default, false). Had the
+    default not reached the role, its `when` (hpk_enabled: podnet_hpk_enabled) would fail."""
+    monkeypatch.setenv("ANSIBLE_PRIVATE_ROLE_VARS", private)
+    inventory = tmp_path / "hosts.yml"
+    inventory.write_text(INVENTORY.format(python=sys.executable))
+    out = run(inventory, "hpk.yml", "--check")
+    recap = out[out.rindex("PLAY RECAP") :]
+    assert "node1" in recap and "ok=0 " in recap and "failed=0 " in recap, out[-3000:]

@@ -207,6 +207,8 @@ PLAY = """
   hosts: localhost
   connection: local
   gather_facts: false
+  vars:
+    podnet_cluster_name: t
   tasks:
     - name: Files
       ansible.builtin.include_role:

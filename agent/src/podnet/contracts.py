@@ -23,3 +23,8 @@ DNS_ROOT: str = _DATA["dns"]["skydns"]
 DNS_PTR: str = _DATA["dns"]["ptr"]
 #: the cluster configuration's defaults (setting -> value)
 CLUSTER_DEFAULTS: dict[str, Any] = dict(_DATA["cluster"])
+#: the settings written from cluster-wide inventory variables (setting -> {variable, default});
+#: no default: the variable is required
+CLUSTER_INVENTORY: dict[str, dict[str, Any]] = {
+    k: dict(v) for k, v in _DATA["cluster_inventory"].items()
+}

@@ -121,6 +121,35 @@ def test_the_cluster_configuration_the_role_writes_has_podnets_settings_and_defa
         assert specs[var]["default"] == value, f"roles/agent/meta/argument_specs.yml: {var}"
 
 
+def test_the_settings_from_inventory_variables_have_the_cluster_wide_defaults() -> None:
+    """pod_cidr, block_prefix, zone, search_domains, egress_gateway: the agent role writes them
+    from cluster-wide inventory variables, whose defaults are hpc.podnet.podnet's (its
+    defaults/main.yml and argument spec); a required one (zone) has none there."""
+    _text, tasks = _agent_etcd_tasks()
+    expr = tasks[0]["ansible.builtin.set_fact"]["__agent_cluster_config"]
+    written = dict(re.findall(r"'(\w+)': *\(?(\w+)", expr))
+    defaults = _yaml("roles/podnet/defaults/main.yml")
+    specs = _yaml("roles/podnet/meta/argument_specs.yml")["argument_specs"]["main"]["options"]
+    fields = {f.name: f for f in dataclasses.fields(ClusterConfig)}
+    assert set(contracts.CLUSTER_INVENTORY) <= set(fields)
+    from_inventory = {s for s, v in written.items() if v.startswith("podnet_")}
+    assert from_inventory == set(contracts.CLUSTER_INVENTORY), "every podnet_* setting is listed"
+    for setting, contract in contracts.CLUSTER_INVENTORY.items():
+        var = contract["variable"]
+        assert written[setting] == var, setting
+        if "default" not in contract:
+            assert var not in defaults and var not in specs, f"{var} is required: no default"
+            continue
+        want = contract["default"]
+        assert defaults[var] == want, f"roles/podnet/defaults/main.yml: {var}"
+        assert specs[var]["default"] == want, f"roles/podnet/meta/argument_specs.yml: {var}"
+        field = fields[setting]
+        if field.default_factory is not dataclasses.MISSING:
+            assert field.default_factory() == want, f"ClusterConfig.{setting}"
+        elif field.default is not dataclasses.MISSING:
+            assert field.default == want, f"ClusterConfig.{setting}"
+
+
 def test_remove_node_and_backup_name_keys_of_the_layout() -> None:
     assert _yaml("roles/remove_node/vars/main.yml")["__remove_node_root"] == ROLE_ROOT
     text = (ROOT / "roles/remove_node/tasks/etcd.yml").read_text()
