@@ -161,7 +161,6 @@ class Keys:
         self._name = around("name", "user", "label")
         self._login = around("login", "node", "user")
         self._quota = around("quota", "user", "kind", "slot")
-        self._job_lock = around("job_lock", "job_id")
         self._job_node = around("job_node", "job_id", "node")
         self._vtep = around("vtep", "vni", "node")
         self._container = around("container", "node", "ns")
@@ -207,11 +206,6 @@ class Keys:
         """A user's quota slot of a kind (state/quota.py); None: the prefix of them all."""
         a, b, c, d = self._quota
         return f"{a}{user}{b}{kind}{c}{'' if slot is None else slot}{d}"
-
-    def job_lock(self, job_id: int) -> str:
-        """Taken by the node that allocates a job when its first node is late."""
-        a, b = self._job_lock
-        return f"{a}{job_id}{b}"
 
     def job_node(self, job_id: int, node: str) -> str:
         a, b, c = self._job_node

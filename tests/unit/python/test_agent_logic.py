@@ -20,8 +20,7 @@ from podnet.cli import podnet as cli
 from podnet.config import ClusterConfig, ConfigError, NodeConfig
 from podnet.errors import PodnetError
 from podnet.names import Keys
-from podnet.state.alloc import Allocator
-from podnet.state.alloc import jobs as alloc_jobs
+from podnet.state.alloc import Allocator, AllocError
 from podnet.state.ipam import Ipam, PoolExhausted
 from podnet.stats import Histogram
 
@@ -385,30 +384,48 @@ def _allocator(etcd: Any) -> Allocator:
     )
 
 
+def _in_blocks_of(etcd: Any, ip: str) -> list[str]:
+    blocks = {
+        kv.key.rsplit("/", 1)[-1]: kv.json()["node"]
+        for kv in etcd.get_prefix("/podnet/u/blocks/")[0]
+    }
+    return [
+        n
+        for blk, n in blocks.items()
+        if ipaddress.ip_address(ip) in ipaddress.ip_network(blk.replace("-", "/"))
+    ]
+
+
 def test_allocation_is_idempotent_and_takes_ips_from_each_nodes_block() -> None:
     etcd = FakeEtcd()
     a, b = _allocator(etcd), _allocator(etcd)
     vni = a.user_vni("alice", 2001)
     assert b.user_vni("alice", 2001) == vni  # once, for ever
-    job = a.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni)
-    assert job.label == "my-job" and len(set(job.ips)) == 2
-    b.load_view()
-    again = b.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni, 1)
-    assert again.ips == job.ips  # the other node gets the same job back
-    blocks = {
-        kv.key.rsplit("/", 1)[-1]: kv.json()["node"]
-        for kv in etcd.get_prefix("/podnet/u/blocks/")[0]
-    }
-    for node, ip in zip(job.nodes, job.ips, strict=True):
-        owner = [
-            n
-            for blk, n in blocks.items()
-            if ipaddress.ip_address(ip) in ipaddress.ip_network(blk.replace("-", "/"))
-        ]
-        assert owner == [node]
-    a.release_job(job)
+    first = a.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni)
+    second = b.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni, 1)
+    assert first.job.label == "my-job" and (first.index, second.index) == (0, 1)
+    assert first.ip != second.ip
+    assert _in_blocks_of(etcd, first.ip) == ["n1"] and _in_blocks_of(etcd, second.ip) == ["n2"]
+    assert a.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni).ip == first.ip
+    assert b.allocate_job(5, "alice", 2001, "My Job", ["n1", "n2"], vni, 1).ip == second.ip
+    assert etcd.get("/podnet/u/jobnodes/5/n2").json() == {"index": 1, "ip": second.ip}
+    record = etcd.get("/podnet/u/jobs/5").json()
+    assert "ips" not in record and "nodes" not in record and record["size"] == 2
+    a.leave_job(first)
+    assert etcd.get("/podnet/u/jobs/5") is not None  # n2 is still in it
+    b.leave_job(second)
     assert etcd.get_prefix("/podnet/u/ips/")[0] == []
     assert etcd.get("/podnet/u/jobs/5") is None
+    assert etcd.get_prefix("/skydns/u/")[0] == []
+    assert etcd.get("/podnet/u/names/alice/my-job") is None
+
+
+def test_another_users_job_of_the_same_id_is_refused_on_its_first_node() -> None:
+    etcd = FakeEtcd()
+    a = _allocator(etcd)
+    a.allocate_job(6, "alice", 2001, "j", ["n1"], a.user_vni("alice", 2001))
+    with pytest.raises(AllocError, match="another user"):
+        a.allocate_job(6, "bob", 2002, "j", ["n1"], a.user_vni("bob", 2002))
 
 
 def test_concurrent_jobs_never_share_an_ip() -> None:
@@ -416,11 +433,11 @@ def test_concurrent_jobs_never_share_an_ip() -> None:
     nodes = [f"n{i}" for i in range(4)]
     allocs = {n: _allocator(etcd) for n in nodes}
     vni = allocs["n0"].user_vni("alice", 2001)
-    jobs: dict[tuple[int, str], Any] = {}
+    pods: dict[tuple[int, str], Any] = {}
 
     def one(job_id: int, node: str) -> None:
-        jobs[(job_id, node)] = allocs[node].allocate_job(
-            job_id, "alice", 2001, "j", nodes, vni, nodes.index(node)
+        pods[(job_id, node)] = allocs[node].allocate_job(
+            job_id, "alice", 2001, f"j{job_id}", nodes, vni, nodes.index(node)
         )
 
     threads = [threading.Thread(target=one, args=(j, n)) for j in range(10, 40) for n in nodes]
@@ -428,32 +445,32 @@ def test_concurrent_jobs_never_share_an_ip() -> None:
         t.start()
     for t in threads:
         t.join(60)
-    assert len(jobs) == 30 * 4
-    by_job = {j: got.ips for (j, _n), got in jobs.items()}
-    for (j, _n), got in jobs.items():
-        assert got.ips == by_job[j]  # every node of a job sees the same allocation
-    every = [ip for ips in by_job.values() for ip in ips]
+    assert len(pods) == 30 * 4
+    every = [p.ip for p in pods.values()]
     assert len(every) == len(set(every)) == 30 * 4
+    for (j, node), p in pods.items():
+        assert _in_blocks_of(etcd, p.ip) == [node] and p.index == nodes.index(node)
+        # every pod has its record under the job name, whichever node came first
+        named = etcd.get(f"/skydns/u/alice/j{j}/pod{p.index}")
+        assert named is not None and named.json()["host"] == p.ip
 
 
-def test_large_jobs_other_nodes_wait_for_the_first_instead_of_racing(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def test_a_node_sends_its_own_transactions_and_never_waits_for_the_first() -> None:
     etcd = FakeEtcd()
     nodes = [f"n{i}" for i in range(40)]
     first, other = _allocator(etcd), _allocator(etcd)
     vni = first.user_vni("alice", 2001)
-    got: list[Any] = []
-    waiter = threading.Thread(
-        target=lambda: got.append(other.allocate_job(7, "alice", 2001, "big", nodes, vni, 5))
-    )
-    waiter.start()
     before = etcd.txns
-    job = first.allocate_job(7, "alice", 2001, "big", nodes, vni, 0)
-    waiter.join(10)
-    assert got and got[0].ips == job.ips
-    assert etcd.txns == before + 1, "a waiting node sent an allocation transaction"
-    # the first node never comes: after LEADER_WAIT a waiting node allocates itself
-    monkeypatch.setattr(alloc_jobs, "LEADER_WAIT", 0.05)
-    alone = other.allocate_job(8, "alice", 2001, "big", nodes, vni, 3)
-    assert len(set(alone.ips)) == 40 and etcd.get("/podnet/u/jobs/8") is not None
+    late = other.allocate_job(7, "alice", 2001, "big", nodes, vni, 5)
+    # its own pod (place, then its record under the name: not the job's yet, so none)
+    assert etcd.txns - before == 2 and etcd.get("/podnet/u/jobs/7") is None
+    assert etcd.get("/skydns/u/alice/big/pod5") is None
+    before = etcd.txns
+    mine = first.allocate_job(7, "alice", 2001, "big", nodes, vni, 0)
+    # the record and the name, its pod, the records under the name of those before it
+    assert etcd.txns - before == 4
+    assert etcd.get("/skydns/u/alice/big/pod5").json()["host"] == late.ip
+    assert etcd.get("/skydns/u/alice/big/pod0").json()["host"] == mine.ip
+    # a node after the first writes its own record under the name
+    after = other.allocate_job(7, "alice", 2001, "big", nodes, vni, 9)
+    assert etcd.get("/skydns/u/alice/big/pod9").json()["host"] == after.ip

@@ -58,13 +58,14 @@ def test_losing_a_race_keeps_the_winners_block_in_the_view() -> None:
     job = (42, "bob", 2002, "e2eb", ["c1", "c2"], vni)
     etcd.race = (c2, c1, (*job, 1))
     got = c1.allocate_job(*job, 0)
-    # c1 lost: the job is c2's allocation, and c2's block is c2's in c1's view
+    # c1 lost the block both claimed to c2: c2's block is c2's in c1's view
     kvs, _ = etcd.get_prefix(c1.keys.prefix("blocks"))
     owners = {ipaddress.IPv4Network(block_from_key(kv.key)): kv.json()["node"] for kv in kvs}
     assert sorted(owners.values()) == ["c1", "c2"]
     assert c1.ipam.blocks == owners
-    ip2 = ipaddress.IPv4Address(got.ips[1])
-    assert any(ip2 in b and n == "c2" for b, n in c1.ipam.blocks.items())
+    # and c1's pod has an address of its own block, claimed after it lost the first one
+    ip1 = ipaddress.IPv4Address(got.ip)
+    assert any(ip1 in b and n == "c1" for b, n in c1.ipam.blocks.items())
     assert c1.ipam.claims == set()
 
 

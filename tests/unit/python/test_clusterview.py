@@ -41,15 +41,14 @@ def _kv(key: str, value: Any, rev: int = 7) -> KV:
     return KV(ROOT + key, text, rev, rev)
 
 
-def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> dict[str, Any]:
+def _job(job_id: int, size: int, vni: int) -> dict[str, Any]:
     return {
         "job_id": job_id,
         "user": "alice",
         "uid": 2001,
         "name": "j",
         "label": "j",
-        "nodes": nodes,
-        "ips": ips,
+        "size": size,
         "vni": vni,
     }
 
@@ -82,17 +81,19 @@ def test_a_node_put_or_deleted_says_the_node_table_changed() -> None:
     assert view.node_addresses() == [N1]
 
 
-def test_a_job_says_which_addresses_it_holds_and_frees() -> None:
+def test_a_job_record_holds_no_address_a_login_record_does() -> None:
     view = _view()
-    got = _put(view, "jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000))
-    assert isinstance(got[0], JobChanged) and got[0].job_id == 3
-    assert got[0].job is not None and got[0].job.nodes == ["n1", "n2"]
-    assert got[1:] == [AddressesChanged((), ("198.18.0.1", "198.18.0.66"))]
-    # the job ends: its addresses are freed
-    assert _delete(view, "jobs/3") == [
-        JobChanged(3, None),
-        AddressesChanged(("198.18.0.1", "198.18.0.66"), ()),
-    ]
+    got = _put(view, "jobs/3", _job(3, 2, 5000))
+    assert len(got) == 1 and isinstance(got[0], JobChanged) and got[0].job_id == 3
+    assert got[0].job is not None and got[0].job.size == 2
+    # the job ends: each node freed its own pod's address itself (state/alloc/records.py)
+    assert _delete(view, "jobs/3") == [JobChanged(3, None)]
+    # a job record as a podnetd before node-owned allocation wrote it: read, no address
+    old = {**_job(4, 2, 5000), "nodes": ["n1", "n2"], "ips": ["198.18.0.1", "198.18.0.66"]}
+    del old["size"]
+    got = _put(view, "jobs/4", old)
+    assert len(got) == 1 and isinstance(got[0], JobChanged) and got[0].job is not None
+    assert got[0].job.size == 2 and got[0].job.old_ips == ("198.18.0.1", "198.18.0.66")
     # a login pod's record, then the same key with another address
     assert _put(view, "logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001}) == [
         AddressesChanged((), ("198.18.0.67",))
@@ -138,7 +139,7 @@ def test_a_users_vni_comes_from_its_record() -> None:
 
 def test_malformed_values_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
     view = _view()
-    _put(view, "jobs/6", _job(6, ["n2"], ["198.18.0.90"], 5000))
+    _put(view, "jobs/6", _job(6, 1, 5000))
     with caplog.at_level(logging.WARNING, logger="podnet.sync"):
         assert _put(view, "jobs/6", "not json") == []  # what the view had stays
         assert _put(view, "jobs/7", {"job_id": 7}) == []  # JSON, not a job record
@@ -149,7 +150,6 @@ def test_malformed_values_are_logged_and_skipped(caplog: pytest.LogCaptureFixtur
             BlockChanged(ipaddress.IPv4Network("198.18.0.0/26"), None)
         ]
         assert _put(view, "blocks/not-a-block", {"node": "n2"}) == []
-    assert view._held["jobs/6"] == ["198.18.0.90"]
     unreadable = [r.getMessage() for r in caplog.records]
     assert len(unreadable) == 7, unreadable
     assert any("jobs/6" in m for m in unreadable) and any("not-a-block" in m for m in unreadable)
@@ -172,7 +172,7 @@ def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
     etcd.put(ROOT + "nodes/n1", {"ip": N1})
     etcd.put(ROOT + "nodes/n2", {"ip": N2})
     etcd.put(ROOT + "users/alice", {"vni": 5000, "uid": 2001})
-    etcd.put(ROOT + "jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000))
+    etcd.put(ROOT + "jobs/3", _job(3, 2, 5000))
     etcd.put(ROOT + "logins/n3/alice", {"ip": "198.18.0.130", "uid": 2001})
     etcd.put(ROOT + "blocks/198.18.0.0-26", {"node": "n1"})
     etcd.put(ROOT + "ips/198.18.0.1", {"vni": 5000})
@@ -190,16 +190,16 @@ def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
     changes = ClusterView("n1").reset(read)
     assert NodesChanged("") in changes
     used = {ip for c in changes if isinstance(c, AddressesChanged) for ip in c.used}
-    assert used == {"198.18.0.1", "198.18.0.66", "198.18.0.130"}
+    assert used == {"198.18.0.130"}  # a login's (a job's are in ips/: the IPAM view's)
 
 
 def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> None:
     """Tamper repair in its own room: the view gets this node's copy, the write back is
     queued; a user's record changed by another writer never reaches the view."""
     work = SyncQueue()
-    mine = Job.from_json(_job(8, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000), 3)
+    mine = Job.from_json(_job(8, 2, 5000), 3)
     repair = RecordRepair(FakeEtcd(), work, own_job=lambda j: mine if j == 8 else None)  # type: ignore[arg-type]
-    forged = {**_job(8, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000), "user": "mallory"}
+    forged = {**_job(8, 2, 5000), "user": "mallory"}
     rec = record_of(KEYS, "put", ROOT + "jobs/8", _kv("jobs/8", forged))
     assert isinstance(rec, JobRecord)
     screened = repair.screen(rec)

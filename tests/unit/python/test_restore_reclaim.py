@@ -19,7 +19,7 @@ from podnet.names import Keys
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.reconcile import Reconciler, decide_lost_pod
-from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.alloc import Allocator, AllocError, Job, JobPod
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 
@@ -31,13 +31,21 @@ def _alloc(etcd: FakeEtcd) -> Allocator:
     return Allocator(etcd, Keys("u"), Ipam(CC.pod_cidr, 26), "lab", 4096, 8191)  # type: ignore[arg-type]
 
 
-def _job(job_id: int = 7, ips: tuple[str, ...] = ("198.18.0.2", "198.18.0.66")) -> Job:
-    return Job(job_id, "bob", 2002, "late", "late", ["c1", "c2"], list(ips), 5000, created=1.0)
+def _job(job_id: int = 7) -> Job:
+    return Job(job_id, "bob", 2002, "late", "late", 5000, 2, created=1.0)
+
+
+IPS = ("198.18.0.2", "198.18.0.66")
+
+
+def _pod(index: int = 0, job: Job | None = None) -> JobPod:
+    """Pod `index` of job 7 of bob: on c1 (198.18.0.2) or on c2 (198.18.0.66)."""
+    return JobPod(job or _job(), index, ("c1", "c2")[index], IPS[index])
 
 
 def _job9() -> Job:
-    """A running job of another user on c2."""
-    return Job(9, "al", 2001, "x", "x", ["c2"], ["198.18.0.66"], 4100)
+    """A running job of another user."""
+    return Job(9, "al", 2001, "x", "x", 4100, 1)
 
 
 def _val(etcd: FakeEtcd, key: str) -> object:
@@ -65,22 +73,26 @@ def test_decision_keeps_running_jobs_removes_ended_and_waits_when_slurm_is_silen
 def test_reclaim_writes_everything_back_with_the_same_addresses() -> None:
     etcd = FakeEtcd()  # the snapshot knew nothing of bob
     a = _alloc(etcd)
-    got = a.reclaim_job(_job(), _running(7))
-    assert got.ips == ["198.18.0.2", "198.18.0.66"]
-    assert _val(etcd, R + "jobs/7")["ips"] == got.ips  # type: ignore[index]
+    got = a.reclaim_job(_pod(0), _running(7))
+    assert got == _pod(0)
+    assert _val(etcd, R + "jobs/7") == _job().to_json()
     assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
-    assert _val(etcd, R + "ips/198.18.0.66") == {"job_id": 7, "node": "c2", "vni": 5000}
+    assert _val(etcd, R + "jobnodes/7/c1") == {"index": 0, "ip": "198.18.0.2"}
     assert _val(etcd, R + "blocks/198.18.0.0-26") == {"node": "c1"}
-    assert _val(etcd, R + "blocks/198.18.0.64-26") == {"node": "c2"}
     assert _val(etcd, R + "users/bob") == {"vni": 5000, "uid": 2002}
     assert _val(etcd, R + "vnis/5000") == {"user": "bob"}
     assert _val(etcd, R + "names/bob/late") == {"job_id": 7}
-    # the job's other node does the same: it gets the record, nothing changes
-    before = dict(etcd.data)
-    again = _alloc(etcd).reclaim_job(_job(), _running(7))
-    assert again.ips == got.ips and etcd.data == before
-    # and the pod's DNS names come back with publish_pod
-    a.publish_pod(got, 0, "c1")
+    assert etcd.get(R + "ips/198.18.0.66") is None  # c2's pod: c2 writes it back
+    # the job's other node does the same for its pod: the job's record is there already
+    other = _alloc(etcd).reclaim_job(_pod(1), _running(7))
+    assert other.job.same_as(_job()) and other.ip == "198.18.0.66"
+    assert _val(etcd, R + "blocks/198.18.0.64-26") == {"node": "c2"}
+    assert _val(etcd, R + "jobnodes/7/c2") == {"index": 1, "ip": "198.18.0.66"}
+    before = {k: kv.value for k, kv in etcd.data.items()}
+    assert _alloc(etcd).reclaim_job(_pod(1), _running(7)).ip == "198.18.0.66"
+    assert {k: kv.value for k, kv in etcd.data.items()} == before  # again: the same
+    # and the pod's record under the job name comes back with publish_pod
+    a.publish_pod(got)
     assert _val(etcd, "/skydns/lab/bob/late/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
     assert _val(etcd, "/skydns/lab/bob/7/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
 
@@ -89,13 +101,19 @@ def test_reclaim_releases_a_stale_record_of_an_ended_job_holding_the_address() -
     etcd = FakeEtcd()
     a = _alloc(etcd)
     # the snapshot's job 3 had 198.18.0.2, ended, then job 7 got it; the restore brought 3 back
-    old = Job(3, "alice", 2001, "old", "old", ["c1"], ["198.18.0.2"], 4100, created=1.0)
+    old = Job(3, "alice", 2001, "old", "old", 4100, 1, created=1.0)
     etcd.put(R + "jobs/3", old.to_json())
+    etcd.put(R + "jobnodes/3/c1", {"index": 0, "ip": "198.18.0.2"})
     etcd.put(R + "ips/198.18.0.2", {"job_id": 3, "node": "c1", "vni": 4100})
     etcd.put(R + "blocks/198.18.0.0-26", {"node": "c1"})
-    got = a.reclaim_job(_job(), _running(7))
-    assert got.ips[0] == "198.18.0.2"
-    assert etcd.get(R + "jobs/3") is None
+    got = a.reclaim_job(_pod(0), _running(7))
+    assert got.ip == "198.18.0.2"
+    assert etcd.get(R + "jobs/3") is None and etcd.get(R + "jobnodes/3/c1") is None
+    assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
+    # an address record alone of an ended job (its record went before the snapshot)
+    etcd = FakeEtcd()
+    etcd.put(R + "ips/198.18.0.2", {"job_id": 3, "node": "c1", "vni": 4100})
+    assert _alloc(etcd).reclaim_job(_pod(0), _running(7)).ip == "198.18.0.2"
     assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
 
 
@@ -105,7 +123,7 @@ def test_reclaim_releases_a_stale_record_of_an_ended_job_holding_the_address() -
         # another running job's address (attack: take the address of a live pod)
         (R + "ips/198.18.0.66", {"job_id": 9, "node": "c2", "vni": 4100}, "198.18.0.66 is taken"),
         # a login pod's address
-        (R + "ips/198.18.0.2", {"kind": "login", "node": "c1", "user": "al"}, "is taken"),
+        (R + "ips/198.18.0.66", {"kind": "login", "node": "c2", "user": "al"}, "is taken"),
         # the block went to another node
         (R + "blocks/198.18.0.64-26", {"node": "c3"}, "belongs to c3"),
         # the VNI went to another user, or bob got another VNI
@@ -120,7 +138,7 @@ def test_reclaim_never_takes_what_another_owner_holds(key: str, value: object, w
         etcd.put(R + "jobs/9", _job9().to_json())
     before = dict(etcd.data)
     with pytest.raises(AllocError, match=why):
-        _alloc(etcd).reclaim_job(_job(), _running(7, 9))
+        _alloc(etcd).reclaim_job(_pod(1), _running(7, 9))
     assert etcd.data == before  # nothing written, nothing released
 
 
@@ -128,15 +146,15 @@ def test_reclaim_takes_the_job_name_back_unless_a_newer_job_owns_it() -> None:
     etcd = FakeEtcd()
     etcd.put(R + "names/bob/late", {"job_id": 5})  # an older job of that name
     etcd.put("/skydns/lab/bob/late/pod0", {"host": "198.18.1.9"})
-    _alloc(etcd).reclaim_job(_job(), _running(7))
+    _alloc(etcd).reclaim_job(_pod(0), _running(7))
     assert _val(etcd, R + "names/bob/late") == {"job_id": 7}
     assert etcd.get("/skydns/lab/bob/late/pod0") is None  # the old job's records went
     etcd = FakeEtcd()
     etcd.put(R + "names/bob/late", {"job_id": 8})  # a newer job: it keeps the name
     a = _alloc(etcd)
-    got = a.reclaim_job(_job(), _running(7, 8))
+    got = a.reclaim_job(_pod(0), _running(7, 8))
     assert _val(etcd, R + "names/bob/late") == {"job_id": 8}
-    a.publish_pod(got, 0, "c1")
+    a.publish_pod(got)
     assert etcd.get("/skydns/lab/bob/late/pod0") is None
     assert _val(etcd, "/skydns/lab/bob/7/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
 
@@ -146,15 +164,15 @@ def test_reclaim_after_only_the_job_record_was_deleted_keeps_the_rest() -> None:
     nothing else: the job's own address records and its name are not "taken", and the
     other node's records under the job name stay (tests/e2e/test_attack_etcd.py)."""
     etcd = FakeEtcd()
-    a = _alloc(etcd)
-    job = a.reclaim_job(_job(), _running(7))
-    a.publish_pod(job, 0, "c1")
-    _alloc(etcd).publish_pod(job, 1, "c2")
+    a, b = _alloc(etcd), _alloc(etcd)
+    mine = a.reclaim_job(_pod(0), _running(7))
+    a.publish_pod(mine)
+    b.publish_pod(b.reclaim_job(_pod(1), _running(7)))
     assert _val(etcd, "/skydns/lab/bob/late/pod1")["host"] == "198.18.0.66"  # type: ignore[index]
     etcd.delete(R + "jobs/7")
     before = {k: kv.value for k, kv in etcd.data.items() if k != R + "jobs/7"}
-    got = _alloc(etcd).reclaim_job(_job(), _running(7))
-    assert got.ips == job.ips and _val(etcd, R + "jobs/7")["ips"] == job.ips  # type: ignore[index]
+    got = _alloc(etcd).reclaim_job(_pod(0), _running(7))
+    assert got.ip == mine.ip and _val(etcd, R + "jobs/7") == _job().to_json()
     after = {k: kv.value for k, kv in etcd.data.items() if k != R + "jobs/7"}
     assert after == before  # addresses, name, every pod's DNS records: as they were
 
@@ -164,17 +182,23 @@ def test_reclaim_after_only_the_job_record_was_deleted_keeps_the_rest() -> None:
 
 def test_local_records_round_trip_and_garbage_is_ignored(tmp_path: Path) -> None:
     loc = LocalJobs(tmp_path)
-    loc.save(_job(), 1)
-    job, index = loc.load(7)  # type: ignore[misc]
-    assert (job.ips, job.nodes, index) == (_job().ips, ["c1", "c2"], 1)
+    loc.save(_pod(1))
+    assert loc.load(7, "c2") == _pod(1)
+    assert loc.load(7, "c1") is None  # not this node's pod
     assert loc.ids() == [7]
     (tmp_path / "jobs" / "8.json").write_text('{"job": ')
-    assert loc.load(8) is None
-    (tmp_path / "jobs" / "9.json").write_text(json.dumps({"job": _job(9).to_json(), "index": 5}))
-    assert loc.load(9) is None  # index out of the record
-    assert loc.load(7) is not None
+    assert loc.load(8, "c2") is None
+    bad = {**_pod(1, _job(9)).to_json(), "index": 5}
+    (tmp_path / "jobs" / "9.json").write_text(json.dumps(bad))
+    assert loc.load(9, "c2") is None  # index out of the job
+    # a copy an older podnetd wrote (the job's record with every pod, the index)
+    old = {**_job(10).to_json(), "nodes": ["c1", "c2"], "ips": list(IPS)}
+    del old["size"]
+    (tmp_path / "jobs" / "10.json").write_text(json.dumps({"job": old, "index": 1}))
+    got = loc.load(10, "c2")
+    assert got is not None and (got.index, got.ip, got.job.size) == (1, "198.18.0.66", 2)
     loc.drop(7)
-    assert loc.load(7) is None
+    assert loc.load(7, "c2") is None
 
 
 # -- the reconciler: GC notices, decides, writes back ----------------------------------
@@ -210,9 +234,8 @@ def _reconciler(tmp_path: Path, running: str) -> tuple[Reconciler, FakeEtcd, lis
         lambda: 0,
     )
     downs: list[int] = []
-    job = _job()
-    r.local.save(job, 0)
-    pod = Pod.of_job(job, 0, "pn-j7", "/run/netns/pn-j7", CC, "pnv000000000001")
+    r.local.save(_pod(0))
+    pod = Pod.of_job(_pod(0), "pn-j7", "/run/netns/pn-j7", CC, "pnv000000000001")
     pod.created = 0.0
     pods.add(pod)
     return r, etcd, downs
@@ -224,7 +247,7 @@ def test_gc_writes_back_a_running_jobs_lost_records(tmp_path: Path) -> None:
     assert r.reclaim_lost(downs.append) == [7]
     assert downs == [] and r.unclaimed == {}
     assert _val(etcd, R + "ips/198.18.0.2") == {"job_id": 7, "node": "c1", "vni": 5000}
-    assert _val(etcd, R + "jobnodes/7/c1") == 1
+    assert _val(etcd, R + "jobnodes/7/c1") == {"index": 0, "ip": "198.18.0.2"}
     assert _val(etcd, "/skydns/lab/bob/late/pod0")["host"] == "198.18.0.2"  # type: ignore[index]
     assert r.nets.vteps == {5000}  # type: ignore[attr-defined]
     assert r.find_lost(recorded={7}) == []
@@ -247,11 +270,11 @@ def test_gc_waits_while_slurm_cannot_say(tmp_path: Path) -> None:
 
 def test_gc_retries_while_the_address_is_held(tmp_path: Path) -> None:
     r, etcd, downs = _reconciler(tmp_path, "echo 7; echo 9")
-    etcd.put(R + "ips/198.18.0.66", {"job_id": 9, "node": "c2", "vni": 4100})
+    etcd.put(R + "ips/198.18.0.2", {"job_id": 9, "node": "c1", "vni": 4100})
     etcd.put(R + "jobs/9", _job9().to_json())
     r.find_lost(recorded={9})
     assert r.reclaim_lost(downs.append) == []
     assert "pn-j7" in r.unclaimed and etcd.get(R + "jobs/7") is None
-    etcd.delete(R + "ips/198.18.0.66")  # job 9 let it go
+    etcd.delete(R + "ips/198.18.0.2")  # job 9 let it go
     assert r.reclaim_lost(downs.append) == [7]
     assert r.unclaimed == {}

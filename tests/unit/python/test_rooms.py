@@ -31,7 +31,7 @@ from podnet.node.repair import RecordGuard, RecordRepair
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
 from podnet.node.workqueue import SyncQueue
-from podnet.state.alloc import Allocator, Job, JobRecords
+from podnet.state.alloc import Allocator, Job, JobPod, JobRecords
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
@@ -198,10 +198,10 @@ class _KV:
         return json.loads(self.value)
 
 
-def _job(job_id: int, nodes: list[str], ips: list[str], vni: int) -> _KV:
+def _job(job_id: int, nodes: list[str], vni: int) -> _KV:
     rec = {"job_id": job_id, "user": "alice", "uid": 2001, "name": "j", "label": "j"}
     key = f"/podnet/u/jobs/{job_id}"
-    return _KV({**rec, "nodes": nodes, "ips": ips, "vni": vni}, key)
+    return _KV({**rec, "size": len(nodes), "vni": vni, "created": 0.0}, key)
 
 
 def _sync(nets: UserNetworks, etcd: FakeEtcd, dp: FakeDataplane, pods: PodTable) -> EtcdSync:
@@ -223,20 +223,20 @@ def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
     sync.on_event("put", "/podnet/u/blocks/198.18.0.0-26", _KV({"node": "n1"}))
     assert sync.take() == {"routes", "overlay"}
-    # a job of n1 and n2: its addresses are used, the record is in the job records
-    # (where the allocator takes it from); no kernel work: the overlay asks when it needs
-    sync.on_event(
-        "put", "/podnet/u/jobs/3", _job(3, ["n1", "n2"], ["198.18.0.1", "198.18.0.66"], 5000)
-    )
+    # a job of n1 and n2: its record is in the job records (the GC's, the repair's); it
+    # names no address (each node marks its own pod's); no kernel work: the overlay asks
+    # when it needs
+    alloc.ipam.mark(["198.18.0.1"])
+    sync.on_event("put", "/podnet/u/jobs/3", _job(3, ["n1", "n2"], 5000))
+    assert sync.take() == set()
     assert alloc.ipam.candidate("n1") not in (None, "198.18.0.1")
-    assert alloc.jobs.get(3) is not None and alloc.jobs.get(3).ips[1] == "198.18.0.66"
+    assert alloc.jobs.get(3) is not None and alloc.jobs.get(3).size == 2
     sync.on_event("put", "/podnet/u/vteps/5001/n2", _KV({"ip": "192.0.2.66"}))  # ignored
     sync.on_event("delete", "/podnet/u/nodes/n3", None)
     assert sync.take() == {"nodes"}
-    # the job ends: its addresses are free again
+    # the job's record goes: the view forgets it (its pods' addresses are their nodes')
     sync.on_event("delete", "/podnet/u/jobs/3", None)
     assert sync.take() == set() and alloc.jobs.get(3) is None
-    assert "198.18.0.1" not in alloc.ipam.used
 
 
 def _miss(index: int, ip: str | None = None, mac: str | None = None) -> Miss:
@@ -353,7 +353,7 @@ def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> N
 def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     nets.alloc.jobs = JobRecords()
-    job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0)
+    job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0).job
     lost: list[int] = []
     work = SyncQueue()
     sync = EtcdSync(
@@ -391,20 +391,22 @@ def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
 def test_the_owner_writes_back_its_pods_changed_dns_and_address_records() -> None:
     nets, etcd, _dp, pods = _nets(linger=0)
     alloc = nets.alloc
-    job = alloc.allocate_job(9, "alice", 2001, "sim", ["n1", "n2"], 5000, 0)
-    pods.add(Pod("job", "pn-j9", "/run/netns/pn-j9", job.ips[0], 20, "alice", 2001, 5000, 9, 0))
-    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j: (job, 0), lambda: 0)
+    mine = alloc.allocate_job(9, "alice", 2001, "sim", ["n1", "n2"], 5000, 0)
+    pods.add(Pod("job", "pn-j9", "/run/netns/pn-j9", mine.ip, 20, "alice", 2001, 5000, 9, 0))
+    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j, n: mine, lambda: 0)
     assert guard.check_once() == 0
     txns = etcd.txns
     assert guard.check_once() == 0 and etcd.txns == txns + 1  # one read-only transaction
     by_id, named = "/skydns/lab/alice/9/pod0", "/skydns/lab/alice/sim/pod0"
     etcd.delete(by_id)
     etcd.put(named, {"host": "198.18.99.99", "ttl": 30})  # a wrong address
-    etcd.put(f"/podnet/u/ips/{job.ips[0]}", {"job_id": 9, "node": "n2", "vni": 5000})
-    assert guard.check_once() == 3
-    assert etcd.data[by_id].json()["host"] == job.ips[0]
-    assert etcd.data[named].json()["host"] == job.ips[0]
-    assert etcd.data[f"/podnet/u/ips/{job.ips[0]}"].json()["node"] == "n1"
+    etcd.put(f"/podnet/u/ips/{mine.ip}", {"job_id": 9, "node": "n2", "vni": 5000})
+    etcd.delete("/podnet/u/jobnodes/9/n1")  # its marker
+    assert guard.check_once() == 4
+    assert etcd.data[by_id].json()["host"] == mine.ip
+    assert etcd.data[named].json()["host"] == mine.ip
+    assert etcd.data[f"/podnet/u/ips/{mine.ip}"].json()["node"] == "n1"
+    assert etcd.data["/podnet/u/jobnodes/9/n1"].json() == {"index": 0, "ip": mine.ip}
     # the other node's pod is its own to check; a newer job took the name: its record
     # under the name is that job's, not put back
     etcd.put("/podnet/u/names/alice/sim", {"job_id": 10})
@@ -421,9 +423,9 @@ def test_the_guard_checks_many_pods_in_transactions_etcd_accepts() -> None:
     jobs = {}
     for j in range(20, 30):
         jobs[j] = alloc.allocate_job(j, "alice", 2001, f"s{j}", ["n1"], 5000, 0)
-        ip = jobs[j].ips[0]
+        ip = jobs[j].ip
         pods.add(Pod("job", f"pn-j{j}", f"/run/netns/pn-j{j}", ip, 20, "alice", 2001, 5000, j, 0))
-    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j: (jobs[j], 0), lambda: 0)
+    guard = RecordGuard(etcd, Keys("u"), "n1", alloc, pods, lambda j, n: jobs[j], lambda: 0)
     etcd.max_txn_ops = 8
     sizes: list[int] = []
     txn = etcd.txn
@@ -437,17 +439,15 @@ def test_the_guard_checks_many_pods_in_transactions_etcd_accepts() -> None:
     assert guard.check_once() == 0 and len(sizes) > 1
     etcd.delete("/skydns/lab/alice/29/pod0")
     assert guard.check_once() == 1
-    assert etcd.data["/skydns/lab/alice/29/pod0"].json()["host"] == jobs[29].ips[0]
+    assert etcd.data["/skydns/lab/alice/29/pod0"].json()["host"] == jobs[29].ip
 
 
 # -- pods ----------------------------------------------------------------------------------
 
 
 def test_pod_names_and_search_list() -> None:
-    job = Job(
-        7, "alice", 2001, "My Sim", "my-sim", ["c1", "c2"], ["198.18.0.2", "198.18.0.66"], 5000
-    )
-    pod = Pod.of_job(job, 1, "pn-j7", "/run/netns/pn-j7", CC)
+    job = Job(7, "alice", 2001, "My Sim", "my-sim", 5000, 2)
+    pod = Pod.of_job(JobPod(job, 1, "c2", "198.18.0.66"), "pn-j7", "/run/netns/pn-j7", CC)
     assert pod.ip == "198.18.0.66" and pod.prefix == 20 and pod.index == 1
     assert pod.names == ["pod1.my-sim.alice.lab", "pod1.7.alice.lab"]
     assert job_search(job, "lab") == ["my-sim.alice.lab", "7.alice.lab", "alice.lab"]

@@ -45,7 +45,7 @@ from podnet.node.pods import Pod, PodTable, job_search, search_of
 from podnet.node.quotaview import QuotaView
 from podnet.node.sessions import LoginSessions
 from podnet.state import publish, quota
-from podnet.state.alloc import AllocError, Job
+from podnet.state.alloc import AllocError, JobPod
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 from podnet.stats import ETCD_BUCKETS, Histogram
 
@@ -207,14 +207,14 @@ class Agent:
             search = search_of(job_label(job_name), job_id, user, r.cc.zone)
             making = self.pool.submit(r.wiring.new_netns, name, bri)
             resolving = self.pool.submit(r.wiring.prepare_resolv, name, search)
-            # the pods' records under the job name (a last transaction when this node
-            # allocates) go to etcd while the pod is wired
+            # the pod's record under the job name (one more small transaction) goes to
+            # etcd while the pod is wired
             later: list[Callable[[], None]] = []
             try:
-                job = r.alloc.allocate_job(
+                mine = r.alloc.allocate_job(
                     job_id, user, uid, job_name, nodes, vni, node_index, later
                 )
-                if job.user != user:
+                if mine.job.user != user:
                     raise PodnetError("EPERM", f"job {job_id} belongs to another user")
             except BaseException as e:
                 wait(_futures(making, resolving))
@@ -225,15 +225,14 @@ class Agent:
                 if isinstance(e, AllocError):
                     raise PodnetError("EINVAL", str(e)) from None
                 raise
-            pod = self._wire_job_pod(job, node_index, name, making, resolving, later)
+            pod = self._wire_job_pod(mine, name, making, resolving, later)
             self.pods.add(pod)
         log.info("job %d: pod %s %s for %s", job_id, name, pod.ip, user)
         return pod, True
 
     def _wire_job_pod(
         self,
-        job: Job,
-        node_index: int,
+        mine: JobPod,
         name: str,
         making: Future[NewNetns],
         resolving: Future[tuple[list[str], list[str]]],
@@ -242,11 +241,11 @@ class Agent:
         """`_job_up` once the job is allocated: the pod wired into the namespace `making`
         made (with the resolv.conf `resolving` wrote), while workers send `later` to etcd
         and write this node's copy of the record."""
-        r, job_id = self.plane, job.job_id
+        r, job, job_id = self.plane, mine.job, mine.job.job_id
         naming: Future[None] = self.pool.submit(_run_all, later) if later else _done()
         # what a restore to an older etcd snapshot needs to keep the pod, written (disk)
         # while the pod is wired
-        saving = self.pool.submit(r.reconcile.local.save, job, node_index)
+        saving = self.pool.submit(r.reconcile.local.save, mine)
         wait(_futures(making, resolving))
         try:
             ns = making.result()
@@ -257,15 +256,15 @@ class Agent:
             raise
         if resolving.exception() is None:  # else wire_pod writes it (or fails)
             ns.resolv = resolving.result()
-        pod = Pod.of_job(job, node_index, name, str(r.dp.netns_path(name)), r.cc)
-        # the job's allocation wrote this pod's DNS records and marker already
+        pod = Pod.of_job(mine, name, str(r.dp.netns_path(name)), r.cc)
+        # this node's allocation wrote the pod's DNS records and marker already
         try:
             r.wiring.build(pod, job_search(job, r.cc.zone), ns)
         except BaseException:
             wait([saving, naming])
             r.reconcile.local.drop(job_id)
             with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
-                r.alloc.unpublish_pod(job, node_index, self.cfg.node)
+                r.alloc.unpublish_pod(mine)
             raise
         try:
             naming.result()
@@ -286,8 +285,15 @@ class Agent:
         pod = self.pods.pop(name)
         r.reconcile.unclaimed.pop(name, None)
         existed = r.wiring.remove(name, pod)
+        mine = r.reconcile.local.load(job_id, self.cfg.node)
         r.reconcile.local.drop(job_id)
-        self.per_policy(f"job {job_id}", lambda: r.alloc.leave_job(job_id, self.cfg.node))
+
+        def leave() -> None:
+            left = mine if mine is not None else r.alloc.get_pod(job_id, self.cfg.node)
+            if left is not None:
+                r.alloc.leave_job(left)
+
+        self.per_policy(f"job {job_id}", leave)
         if pod:
             with r.nets.lock(pod.uid):
                 r.nets.release(pod.vni, pod.uid)

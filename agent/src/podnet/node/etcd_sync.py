@@ -8,8 +8,8 @@ Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and 
 (`watchrecords.record_of`), `repair.RecordRepair` screens it (what another writer changed is
 noted to be written back, and the view takes this node's own copy instead), the view
 takes it and says what changed, and each change is applied here: the allocator's IPAM view
-and job records (`JobRecords`, from which the allocator takes a job instead of reading
-it) at once, and only the kernel work the change needs is queued: a block moved (routes,
+and job records (`JobRecords`: small, no pod in them; the GC and tamper repair go by
+them) at once, and only the kernel work the change needs is queued: a block moved (routes,
 the overlay's entries of its pods: `Overlay.repoint`), a node came or went (node table,
 firewall, routes, the overlay's entries), a record to write back ('restore'). No other
 node's pod records are needed for the overlay (node/overlay.py). `run` applies the queue in

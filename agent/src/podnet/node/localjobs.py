@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""This node's own copy of the job record of each job pod it runs (`<state_dir>/jobs/<id>.json`:
-the record as etcd had it, and the pod's index in it).
+"""This node's own copy of each job pod it runs (`<state_dir>/jobs/<id>.json`: the job's
+record as etcd had it, the pod's index and address: `JobPod`).
 
-etcd is the truth while it has the record. The copy is what lets podnetd write a live job's
-records back when etcd lost them (restored to a snapshot older than the job,
-`reconcile.Reconciler`): the job's addresses on every node, its VNI and name.
+etcd is the truth while it has the records. The copy is what lets podnetd write a live
+job's records back when etcd lost them (restored to a snapshot older than the job,
+`reconcile.Reconciler`): the job's record, VNI and name, and this node's pod.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import logging
 import os
 from pathlib import Path
 
-from podnet.state.alloc import Job
+from podnet.state.alloc import JobPod
 
 log = logging.getLogger("podnet.localjobs")
 
@@ -27,11 +27,11 @@ class LocalJobs:
     def _path(self, job_id: int) -> Path:
         return self.dir / f"{int(job_id)}.json"
 
-    def save(self, job: Job, index: int) -> None:
+    def save(self, pod: JobPod) -> None:
         self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        path = self._path(job.job_id)
+        path = self._path(pod.job.job_id)
         tmp = path.with_suffix(".tmp")
-        data = json.dumps({"job": job.to_json(), "index": index}, separators=(",", ":"))
+        data = json.dumps(pod.to_json(), separators=(",", ":"))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, data.encode())
@@ -39,19 +39,29 @@ class LocalJobs:
             os.close(fd)
         tmp.replace(path)
 
-    def load(self, job_id: int) -> tuple[Job, int] | None:
+    def load(self, job_id: int, node: str) -> JobPod | None:
+        """The copy of `node`'s (this node's) pod of the job; one an older podnetd wrote
+        (the job's record with every pod) is read too."""
         try:
             d = json.loads(self._path(job_id).read_text())
-            job, index = Job.from_json(d["job"]), int(d["index"])
+            if "ip" in d:
+                pod: JobPod | None = JobPod.from_json(d)
+            else:
+                pod = JobPod.of_old_record(d["job"], node)
         except FileNotFoundError:
             return None
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("local record of job %d is unreadable: %s", job_id, e)
             return None
-        if job.job_id != job_id or not 0 <= index < len(job.nodes) == len(job.ips):
+        if (
+            pod is None
+            or pod.job.job_id != job_id
+            or pod.node != node
+            or not 0 <= pod.index < pod.job.size
+        ):
             log.warning("local record of job %d does not fit: ignored", job_id)
             return None
-        return job, index
+        return pod
 
     def drop(self, job_id: int) -> None:
         with contextlib.suppress(OSError):

@@ -20,7 +20,7 @@ from podnet.kernel.dataplane import Dataplane, NewNetns, PodSpec
 from podnet.kernel.firewall import Firewall
 from podnet.kernel.nsscan import NsId
 from podnet.names import login_label, mac_for_ip
-from podnet.state.alloc import Job
+from podnet.state.alloc import Job, JobPod
 
 
 @dataclass
@@ -79,15 +79,13 @@ class Pod:
         return {"fqdn": self.names[0]} if self.names else {}
 
     @classmethod
-    def of_job(
-        cls, job: Job, index: int, name: str, netns: str, cc: ClusterConfig, veth: str = ""
-    ) -> Pod:
-        z = cc.zone
+    def of_job(cls, pod: JobPod, name: str, netns: str, cc: ClusterConfig, veth: str = "") -> Pod:
+        z, job, index = cc.zone, pod.job, pod.index
         return cls(
             "job",
             name,
             netns,
-            job.ips[index],
+            pod.ip,
             cc.pod_cidr.prefixlen,
             job.user,
             job.uid,

@@ -10,9 +10,10 @@ released.
 
 A job pod whose job record etcd lost (etcd restored to a snapshot older than the job) is
 kept if Slurm still runs the job (`running_job_source`) and this node has its own copy of
-the record (`localjobs.LocalJobs`): its records (the job's addresses, VNI, name, this pod's
-DNS names) are written back with the same addresses (`Allocator.reclaim_job`, which never
-takes what another owner holds; the pod stays and it is retried every GC until it can).
+the pod (`localjobs.LocalJobs`): its records (the job's record, VNI, name, this pod's
+address and DNS names) are written back with the same address (`Allocator.reclaim_job`,
+which never takes what another owner holds; the pod stays and it is retried every GC until
+it can). Each node of the job writes back its own pod.
 A pod whose job no longer runs is removed, never brought back.
 """
 
@@ -37,7 +38,7 @@ from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
 from podnet.state import quota
-from podnet.state.alloc import Allocator, AllocError, Job
+from podnet.state.alloc import Allocator, AllocError, Job, JobPod
 from podnet.state.clusterview import ClusterView
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 
@@ -83,7 +84,7 @@ class Reconciler:
         #: this node's copy of the job record of each of its job pods
         self.local = LocalJobs(Path(cfg.state_dir))
         #: job pods kept whose records etcd lost, not yet written back (netns -> record)
-        self.unclaimed: dict[str, tuple[Job, int]] = {}
+        self.unclaimed: dict[str, JobPod] = {}
         #: the running jobs, asked once per start (None: Slurm did not answer)
         self._running_at_start: set[int] | None = None
         self._running_asked = False
@@ -133,27 +134,26 @@ class Reconciler:
 
     def _adopt_job(self, name: str, veth: str) -> Pod | None:
         job_id = int(name[4:])
-        job = self.alloc.get_job(job_id)
-        if job is None:
+        if self.alloc.get_job(job_id) is None:
             return self._adopt_lost_job(job_id, name, veth)
-        if self.cfg.node not in job.nodes:
-            return None
-        i = job.nodes.index(self.cfg.node)
-        if not veth or self._pod_ip(name) != job.ips[i]:
+        mine = self.alloc.get_pod(job_id, self.cfg.node)
+        if mine is None:
+            return None  # the job has no pod of this node in etcd
+        if not veth or self._pod_ip(name) != mine.ip:
             return None  # half-built (the agent died while creating it): rebuild on demand
-        self.alloc.publish_pod(job, i, self.cfg.node)
-        self.local.save(job, i)
-        return Pod.of_job(job, i, name, str(self.dp.netns_path(name)), self.cc, veth)
+        self.alloc.publish_pod(mine)
+        self.alloc.ipam.mark([mine.ip])
+        self.local.save(mine)
+        return Pod.of_job(mine, name, str(self.dp.netns_path(name)), self.cc, veth)
 
     def _adopt_lost_job(self, job_id: int, name: str, veth: str) -> Pod | None:
         """A job pod etcd knows nothing of: kept (to be written back by `reclaim_lost`)
         if this node has its record, the pod is whole and Slurm may still run the job."""
-        mine = self.local.load(job_id)
+        mine = self.local.load(job_id, self.cfg.node)
         if mine is None:
             log.info("reconcile: job %d is unknown to etcd and to this node", job_id)
             return None
-        job, i = mine
-        if job.nodes[i] != self.cfg.node or not veth or self._pod_ip(name) != job.ips[i]:
+        if not veth or self._pod_ip(name) != mine.ip:
             self.local.drop(job_id)
             return None
         if not self._running_asked:
@@ -170,11 +170,11 @@ class Reconciler:
             job_id,
             "which runs" if what == "keep" else "maybe running (asked again)",
             name,
-            job.ips[i],
+            mine.ip,
         )
-        self.unclaimed[name] = (job, i)
-        self.alloc.ipam.mark([job.ips[i]])  # never handed out here meanwhile
-        return Pod.of_job(job, i, name, str(self.dp.netns_path(name)), self.cc, veth)
+        self.unclaimed[name] = mine
+        self.alloc.ipam.mark([mine.ip])  # never handed out here meanwhile
+        return Pod.of_job(mine, name, str(self.dp.netns_path(name)), self.cc, veth)
 
     def reclaim_lost(self, job_down: Callable[[int], object]) -> list[int]:
         """Write back the records of the kept pods whose records etcd lost; remove those
@@ -183,7 +183,8 @@ class Reconciler:
             return []
         running = self.running_jobs()
         done = []
-        for name, (job, i) in list(self.unclaimed.items()):
+        for name, mine in list(self.unclaimed.items()):
+            job = mine.job
             what = decide_lost_pod(job.job_id, running)
             if what == "wait":
                 log.warning("job %d: cannot tell whether it runs: its pod waits", job.job_id)
@@ -195,8 +196,8 @@ class Reconciler:
                 continue
             live = running or set()
             try:
-                got = self.alloc.reclaim_job(job, live.__contains__)
-                self.alloc.publish_pod(got, i, self.cfg.node)
+                got = self.alloc.reclaim_job(mine, live.__contains__)
+                self.alloc.publish_pod(got)
             except AllocError as e:
                 log.error(
                     "job %d: its records cannot be written back: %s (its pod %s keeps %s "
@@ -204,20 +205,20 @@ class Reconciler:
                     job.job_id,
                     e,
                     name,
-                    job.ips[i],
+                    mine.ip,
                 )
                 continue
             except (EtcdUnavailable, EtcdRequestError) as e:
                 log.warning("job %d: writing its records back: %s (retried)", job.job_id, e)
                 continue
             self.unclaimed.pop(name, None)
-            self.local.save(got, i)
-            self.nets.register_vteps({got.vni})
+            self.local.save(got)
+            self.nets.register_vteps({got.job.vni})
             log.warning(
                 "job %d: records written back after etcd lost them; pod %s keeps %s",
                 job.job_id,
                 name,
-                job.ips[i],
+                mine.ip,
             )
             done.append(job.job_id)
         return done
@@ -237,8 +238,8 @@ class Reconciler:
                 or now - p.created <= min_age
             ):
                 continue
-            mine = self.local.load(p.job_id)
-            if mine is None or mine[0].ips[mine[1]] != p.ip:
+            mine = self.local.load(p.job_id, self.cfg.node)
+            if mine is None or mine.ip != p.ip:
                 continue
             log.warning("job %d: etcd lost its records: writing them back", p.job_id)
             self.unclaimed[p.name] = mine
@@ -299,8 +300,8 @@ class Reconciler:
         """This node's copy of the record of a job whose pod runs here (None: none)."""
         if self.pods.get(job_netns(job_id)) is None:
             return None
-        mine = self.local.load(job_id)
-        return mine[0] if mine is not None else None
+        mine = self.local.load(job_id, self.cfg.node)
+        return mine.job if mine is not None else None
 
     def reclaim_soon(self, job_down: Callable[[int], object]) -> None:
         """A job with a pod here lost its record (another writer deleted it): write it

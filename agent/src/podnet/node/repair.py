@@ -6,8 +6,9 @@ refuse is detected and undone by its owner). The one room of tamper repair:
 * `RecordRepair`, on the watches (`etcd_sync.EtcdSync` screens each record through it
   before the view takes it): a user's VNI (`users/`, `vnis/`: created once, never changed
   nor deleted by podnet) is put back as this node first saw it, and the record of a job
-  with a pod on this node as this node keeps it (`own_job`: reconcile.local's copy; the
-  view goes on with that copy meanwhile). A deleted job record is written back by the
+  with a pod on this node as this node keeps it (`own_job`: reconcile.local's copy, the
+  same but for the time it was made, `Job.same_as`; the view goes on with that copy
+  meanwhile). A deleted job record is written back by the
   reconciler (`on_job_lost`: `Reconciler.reclaim_soon`, with the records etcd lost). The
   write back is guarded by the revision the change had, so of all the nodes that saw it
   one writes; it runs in the sync loop's pass ('restore' in its queue).
@@ -17,13 +18,11 @@ refuse is detected and undone by its owner). The one room of tamper repair:
   certificate could change or delete those of another node's pods. The owner compares
   them all with what they must hold, in read-only transactions of at most etcd's
   --max-txn-ops compares (the failure branch returns them: no second round trip to find
-  the difference), and writes back the ones that differ: its job pods' address records
-  and DNS records (under the job id, the PTR, and under the job name while the job owns
-  it); its login pods' address, DNS and PTR records. A write back is guarded by the pod's
-  own record (the job's record as this node keeps it, the login record), so a pod
-  released meanwhile is never written back. A job's markers are not checked here: a node
-  leaving deletes its own, and one deleted by another writer ends in the job's record
-  going early, which its nodes write back with the rest (node/reconcile.py).
+  the difference), and writes back the ones that differ: its job pods' address records,
+  markers and DNS records (under the job id, the PTR, and under the job name while the
+  job owns it); its login pods' address, DNS and PTR records. A write back is guarded by
+  the pod's own record (the job's record, the login record), so a pod released meanwhile
+  is never written back.
 
 Each write back is logged (a warning: someone else wrote there).
 """
@@ -40,7 +39,7 @@ from typing import Any
 from podnet.names import Keys
 from podnet.node.pods import PodTable
 from podnet.node.workqueue import SyncQueue
-from podnet.state.alloc import Allocator, Job, name_owner
+from podnet.state.alloc import Allocator, Job, JobPod, name_owner
 from podnet.state.etcdops import (
     cmp_mod,
     cmp_present,
@@ -119,7 +118,7 @@ class RecordRepair:
             sync_log.warning("job %d: its record was deleted while its pod runs here", rec.job_id)
             self.on_job_lost(rec.job_id)
             return rec
-        if rec.job is None or rec.job.to_json() != mine.to_json():
+        if rec.job is None or not rec.job.same_as(mine):
             self.tampered(rec.key, rec.revision, store_json(mine.to_json()))
             return replace(rec, job=mine)  # what this node keeps using meanwhile
         return rec
@@ -166,7 +165,7 @@ class RecordRepair:
                 self.block_moved(rec, own)
         for job in read.jobs():
             mine = self.own_job(job.job_id)
-            if mine is not None and job.to_json() != mine.to_json():
+            if mine is not None and not job.same_as(mine):
                 key = read.keys.job(job.job_id)
                 self.tampered(key, job.revision, store_json(mine.to_json()))
 
@@ -225,7 +224,7 @@ class RecordGuard:
         node: str,
         alloc: Allocator,
         pods: PodTable,
-        job_of: Callable[[int], tuple[Job, int] | None],
+        job_of: Callable[[int, str], JobPod | None],
         lease_id: Callable[[], int],
     ) -> None:
         self.etcd = etcd
@@ -233,7 +232,7 @@ class RecordGuard:
         self.node = node
         self.alloc = alloc
         self.pods = pods
-        #: this node's own copy of a job's record and its pod's index (reconcile.local)
+        #: this node's own copy of its pod of a job (reconcile.local)
         self.job_of = job_of
         self.lease_id = lease_id
         self.restored = 0  # records written back (metrics, tests)
@@ -247,15 +246,16 @@ class RecordGuard:
             ops: list[Any] = []
             name_key, owner = None, ""
             if p.kind == "job" and p.job_id is not None:
-                mine = self.job_of(p.job_id)
-                if mine is None or mine[0].ips[mine[1]] != p.ip:
+                mine = self.job_of(p.job_id, self.node)
+                if mine is None or mine.ip != p.ip:
                     continue
-                job, i = mine
-                alive = cmp_value(self.keys.job(job.job_id), json_dumps(job.to_json()))
-                named, by_id, ptr, _marker = self.alloc.pod_record_ops(job, i, self.node)
+                job = mine.job
+                # the job's record (tamper repair of the record itself is RecordRepair's)
+                alive = cmp_present(self.keys.job(job.job_id))
+                named, by_id, ptr, marker = self.alloc.pod_record_ops(mine)
                 name_key, owner = self.keys.name(job.user, job.label), name_owner(job.job_id)
                 out.append((*_kv(named), name_key, owner, alive))
-                ops = [by_id, ptr, self.alloc.job_ip_op(job, i)]
+                ops = [by_id, ptr, marker, self.alloc.job_ip_op(mine)]
             elif p.kind == "login":
                 _login, *ops = self.alloc.login_record_ops(
                     self.node, p.user, p.uid, p.vni, p.ip, self.lease_id(), p.slots

@@ -9,7 +9,7 @@ logged and read as no record), `ClusterView.apply` takes it into the view and re
 changed, as `Change`s for the node layer's appliers (node/etcd_sync.py: the IPAM view, the
 job records, routes, the overlay's resolved entries, firewall sets):
 
-* `JobChanged`: a job's record (None: deleted);
+* `JobChanged`: a job's record (None: deleted; it names no pod);
 * `AddressesChanged`: addresses a record no longer holds, addresses it holds;
 * `BlockChanged`: an address block's owner (None: free);
 * `NodesChanged`: the node table changed (the applier reads it whole: `set_nodes`);
@@ -19,8 +19,9 @@ Where a pod of another node is, is its address block's: every node owns its bloc
 `vtep_of(ip)` is the registered address (`nodes/`) of the node that owns the address's
 block, never one a record names. A node needs no other node's pod records for its
 overlay: a user's VXLAN asks for a remote pod when it meets one
-(`podnet.node.overlay`). The addresses' own records (`ips/`) are not watched (a job's
-allocation writes one per node in one transaction); a resync reads them for the IPAM view.
+(`podnet.node.overlay`). A job's record holds no pod (each node allocates its own pod
+from its own blocks); the addresses' own records (`ips/`) are not watched, a resync reads
+them for the IPAM view.
 
 `watchrecords.ClusterRead.of` reads everything the watches follow in one transaction (one
 revision): `ClusterView.reset` takes it (the node's resync), and `ClusterView.load` reads
@@ -100,7 +101,7 @@ class ClusterView:
         self._prefixes: set[int] = set()
         #: users' VNIs (users/<user>)
         self.user_vnis: dict[str, int] = {}
-        #: the addresses each pod record holds (`jobs/<id>`, login and container keys)
+        #: the addresses each pod record holds (login and container keys)
         self._held: dict[str, list[str]] = {}
 
     @classmethod
@@ -172,13 +173,11 @@ class ClusterView:
                 self._prefixes.add(block.prefixlen)
 
     def _job(self, rec: JobRecord) -> list[Change]:
-        key = f"jobs/{rec.job_id}"
         if rec.deleted:
-            return [JobChanged(rec.job_id, None), *self.hold(key, [])]
+            return [JobChanged(rec.job_id, None)]
         if rec.job is None:  # unreadable: what the view had stays
             return []
-        job = rec.job
-        return [JobChanged(rec.job_id, job), *self.hold(key, job.ips)]
+        return [JobChanged(rec.job_id, rec.job)]
 
     def _pod(self, rec: PodRecord) -> list[Change]:
         if rec.deleted:
@@ -224,8 +223,6 @@ class ClusterView:
             self.blocks = {b: n for b, n in read.blocks().items() if n is not None}
             self._prefixes = {b.prefixlen for b in self.blocks}
         out: list[Change] = []
-        for job in read.jobs():
-            out += self.hold(f"jobs/{job.job_id}", job.ips)
         for what in ("logins", "containers"):
             for kv in read.kvs.get(what, []):
                 rec = record_of(read.keys, "put", kv.key, kv)

@@ -301,28 +301,6 @@ class Etcd:
         )
         return kv_of(r.kvs[0]) if r.kvs else None
 
-    def get_or_wait(self, key: str, timeout: float) -> KV | None:
-        """`key`'s value, waiting up to `timeout` seconds for someone to write it: a
-        serializable read, then (key absent) a watcher on the client's watch stream from
-        the revision after the read, gone at the first put or at the deadline."""
-        r = self.call("/etcdserverpb.KV/Range", RangeRequest(key=key.encode(), serializable=True))
-        if r.kvs:
-            return kv_of(r.kvs[0])
-        got: list[KV] = []
-        seen = threading.Event()
-
-        def on_event(kind: str, _key: str, kv: KV | None) -> None:
-            if kind == "put" and kv is not None and not got:
-                got.append(kv)
-                seen.set()
-
-        w = self.watches.add(key, None, r.header.revision, on_event, lambda: r.header.revision)
-        try:
-            seen.wait(timeout)
-        finally:
-            self.watches.cancel(w)
-        return got[0] if got else self.get(key)
-
     def get_json(self, key: str) -> Any:
         kv = self.get(key)
         return kv.json() if kv else None

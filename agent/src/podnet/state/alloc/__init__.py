@@ -7,19 +7,19 @@ creates (`ips/<ip>`, `blocks/<cidr>`, `users/<u>`, `vnis/<v>`, `jobs/<id>`), so 
 agents can never hand out the same IP, block or VNI: the loser's transaction fails and it
 retries with a fresher view (or, for a job, reads what the winner wrote).
 
-A job is allocated by one of its nodes, in one transaction that writes everything its
-pods need (addresses, the job record, its name, every pod's DNS records and marker); the
-other nodes take the record from their watch of `jobs/` (`JobRecords`) and send nothing
-(docs/agent.md "Allocation").
+Each node of a job allocates its own pod, in one transaction of its own (an address of its
+own blocks, the address record, its marker, its DNS records); the first node also writes
+the job's small record and takes its name. No node waits for another nor reads anything
+that grows with the job (docs/agent.md "Allocation").
 
 `Allocator` is the one entry point; its parts, by module (each imports only those above
 it in this list):
-  common       constants, errors, `Job`, `JobRecords`, `name_owner`; `contended`, the
+  common       constants, errors, `Job`, `JobPod`, `JobRecords`, `name_owner`; `contended`, the
                retry of a transaction lost to another writer
   base         the allocator's state (`AllocatorBase`), the user's VNI, the IPAM view, one
                address of a node's blocks (`_place`)
-  records      a job's record and its pods' DNS records and markers, its release
-  jobs         a job's allocation (the first node, or the next ones when it is late)
+  records      a job's record and its pods' records and markers, its release
+  jobs         a job's allocation (each node its own pod, the first node the record)
   reclaim      a lost job written back (etcd restored to an older snapshot)
   logins       login pods
   containers   containers
@@ -34,27 +34,26 @@ from podnet.state.alloc.common import (
     RECORD_TTL,
     AllocError,
     Job,
+    JobPod,
     JobRecords,
     NoAddress,
     name_owner,
 )
 from podnet.state.alloc.containers import ContainerAllocator, container_owner
-from podnet.state.alloc.jobs import BACKUPS, LEADER_WAIT, JobAllocation, first_node_grace
+from podnet.state.alloc.jobs import JobAllocation
 from podnet.state.alloc.logins import LoginAllocator
 from podnet.state.alloc.reclaim import JobReclaim
 
 __all__ = [
-    "BACKUPS",
-    "LEADER_WAIT",
     "MAX_ATTEMPTS",
     "RECORD_TTL",
     "AllocError",
     "Allocator",
     "Job",
+    "JobPod",
     "JobRecords",
     "NoAddress",
     "container_owner",
-    "first_node_grace",
     "name_owner",
 ]
 
@@ -62,6 +61,4 @@ __all__ = [
 @dataclass
 class Allocator(JobAllocation, JobReclaim, LoginAllocator, ContainerAllocator):
     """Jobs, logins and containers in etcd, on the fields of `AllocatorBase` (etcd, keys,
-    ipam, zone, the VNI range, node_ips, jobs). The tuning constants are read where they
-    are used: a test that patches `LEADER_WAIT` or `first_node_grace` patches
-    `podnet.state.alloc.jobs`, not this package."""
+    ipam, zone, the VNI range, node_ips, jobs)."""

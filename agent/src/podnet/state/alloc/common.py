@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What the allocator's parts share: the constants, the errors, the job record (`Job`) and
-this node's copy of them (`JobRecords`), the value a job name's owner holds, and the retry
-of a transaction lost to another writer (`contended`)."""
+"""What the allocator's parts share: the constants, the errors, the job record (`Job`), a
+node's pod of a job (`JobPod`), the job records as this node's watch delivers them
+(`JobRecords`), the value a job name's owner holds, and the retry of a transaction lost
+to another writer (`contended`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from podnet.state import etcdops
@@ -33,16 +34,22 @@ class NoAddress(AllocError):
 
 @dataclass
 class Job:
+    """A job's record (`jobs/<id>`), written by its first node: who it is and its name.
+    Its pods are not in it: each node writes its own (`JobPod`), so what every node reads
+    of a job does not grow with the job (docs/agent.md "Allocation")."""
+
     job_id: int
     user: str
     uid: int
     name: str
     label: str
-    nodes: list[str]
-    ips: list[str]
     vni: int
-    revision: int = 0
+    size: int
+    #: the record's mod revision in etcd (not part of what the job is)
+    revision: int = field(default=0, compare=False)
     created: float = 0.0
+    #: the addresses of a record an older podnetd wrote (every pod's; released with it)
+    old_ips: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -51,34 +58,88 @@ class Job:
             "uid": self.uid,
             "name": self.name,
             "label": self.label,
-            "nodes": self.nodes,
-            "ips": self.ips,
             "vni": self.vni,
+            "size": self.size,
             "created": self.created,
         }
 
+    def same_as(self, other: Job) -> bool:
+        """Whether `other` is this job's record: the same but for `created` (each node
+        makes its own copy when the job starts; the record in etcd is the first node's)."""
+        mine, theirs = self.to_json(), other.to_json()
+        mine.pop("created")
+        theirs.pop("created")
+        return mine == theirs
+
     @classmethod
     def from_json(cls, d: dict[str, Any], revision: int = 0) -> Job:
+        """The record, also as a podnetd before node-owned allocation wrote it (with the
+        job's `nodes` and `ips`, read by `JobPod.of_old_record`)."""
         return cls(
             job_id=int(d["job_id"]),
             user=str(d["user"]),
             uid=int(d["uid"]),
             name=str(d.get("name", "")),
             label=str(d["label"]),
-            nodes=[str(n) for n in d["nodes"]],
-            ips=[str(i) for i in d["ips"]],
             vni=int(d["vni"]),
+            size=int(d["size"]) if "size" in d else len(d.get("nodes", [])),
             revision=revision,
             created=float(d.get("created", 0)),
+            old_ips=tuple(str(ip) for ip in d.get("ips", ())),
         )
+
+
+@dataclass(frozen=True)
+class JobPod:
+    """One node's pod of a job: its index in the job's node list and its address (from
+    the node's own blocks). The node's marker `jobnodes/<id>/<node>` holds `marker()`."""
+
+    job: Job
+    index: int
+    node: str
+    ip: str
+
+    def marker(self) -> dict[str, Any]:
+        return {"index": self.index, "ip": self.ip}
+
+    def to_json(self) -> dict[str, Any]:
+        """This node's own copy (node/localjobs.py): the job's record and the pod."""
+        return {"job": self.job.to_json(), "index": self.index, "node": self.node, "ip": self.ip}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobPod:
+        return cls(Job.from_json(d["job"]), int(d["index"]), str(d["node"]), str(d["ip"]))
+
+    @classmethod
+    def of_marker(cls, job: Job, node: str, value: str) -> JobPod | None:
+        """The pod a node's marker names (None: not a marker of this form)."""
+        d = json_or_none(value)
+        if not isinstance(d, dict):
+            return None
+        index, ip = d.get("index"), d.get("ip")
+        if not isinstance(index, int) or not isinstance(ip, str) or not 0 <= index < job.size:
+            return None
+        return cls(job, index, node, ip)
+
+    @classmethod
+    def of_old_record(cls, d: dict[str, Any], node: str, revision: int = 0) -> JobPod | None:
+        """`node`'s pod in a job record as a podnetd before node-owned allocation wrote it
+        (the job's `nodes` and `ips` in it; its markers held "1"): adopted on upgrade."""
+        nodes, ips = d.get("nodes"), d.get("ips")
+        if not isinstance(nodes, list) or not isinstance(ips, list) or node not in nodes:
+            return None
+        i = nodes.index(node)
+        if len(ips) != len(nodes) or not isinstance(ips[i], str):
+            return None
+        return cls(Job.from_json(d, revision), i, node, ips[i])
 
 
 class JobRecords:
     """The job records of the cluster as this node's watch of `jobs/` delivers them (the
-    node layer's sync loop feeds `put`/`remove`; `reset` after a re-list). The allocator
-    takes a job from here instead of reading it, and the other nodes of a job wait here
-    for the record its allocating node writes. `live` is false until the first `reset`
-    (no watch: the allocator reads etcd instead)."""
+    node layer's sync loop feeds `put`/`remove`; `reset` after a re-list): the records
+    the GC and tamper repair go by (node/reconcile.py, node/repair.py). A record is small
+    and of fixed size (no pod is in it). `live` is false until the first `reset` (no
+    watch: read etcd instead)."""
 
     def __init__(self) -> None:
         self._jobs: dict[int, Job] = {}
@@ -110,17 +171,6 @@ class JobRecords:
     def all(self) -> list[Job]:
         with self._cond:
             return list(self._jobs.values())
-
-    def wait(self, job_id: int, timeout: float) -> Job | None:
-        """The record of `job_id` once it is here, or None after `timeout` seconds."""
-        end = time.monotonic() + timeout
-        with self._cond:
-            while (job := self._jobs.get(job_id)) is None:
-                left = end - time.monotonic()
-                if left <= 0:
-                    return None
-                self._cond.wait(left)
-            return job
 
 
 def name_owner(job_id: int) -> str:
@@ -158,7 +208,9 @@ def json_or_none(value: str) -> Any:
         return None
 
 
-def same_job(job: Job, user: str, nodes: list[str]) -> Job:
-    if job.user != user or job.nodes != nodes:
+def same_job(job: Job, user: str, size: int) -> Job:
+    """`job` as a node of a job of `user` of `size` nodes asks for it; AllocError if the
+    record is another job's (an id Slurm gave again, a record of another user)."""
+    if job.user != user or job.size != size:
         raise AllocError(f"job {job.job_id} already exists for another user or node list")
     return job

@@ -1,17 +1,18 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A job's records in etcd once it is allocated: reading it, its pods' DNS records and
-markers (published, unpublished), and its release when its last node leaves."""
+"""A job's records in etcd: its record, each node's own pod (address record, marker, DNS
+records under the job id and the PTR; under the job name while the job owns it), a pod
+published again or withdrawn, a node leaving and the job's release when its last node
+leaves."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 from podnet.names import ptr_key, zone_path
-from podnet.state import etcdops, store
+from podnet.state import etcdops
 from podnet.state.alloc.base import AllocatorBase
-from podnet.state.alloc.common import RECORD_TTL, Job, name_owner
+from podnet.state.alloc.common import RECORD_TTL, Job, JobPod, name_owner
 from podnet.state.etcdops import cmp_value, op_count, op_delete, op_get, op_put
 
 
@@ -22,17 +23,45 @@ class PodRecords(AllocatorBase):
         kv = self.etcd.get(self.keys.job(job_id))
         return Job.from_json(kv.json(), kv.mod_revision) if kv else None
 
+    def get_pod(self, job_id: int, node: str) -> JobPod | None:
+        """`node`'s pod of the job as etcd has it (its marker and the job's record, one
+        read); None if either is missing. A record of an older podnetd (its markers hold
+        "1", the record every pod) is read too."""
+        r = self.etcd.txn(
+            [], [op_get(self.keys.job(job_id)), op_get(self.keys.job_node(job_id, node))]
+        )
+        jobs, markers = r.range_kvs(0), r.range_kvs(1)
+        if not jobs or not markers:
+            return None
+        job = Job.from_json(jobs[0].json(), jobs[0].mod_revision)
+        pod = JobPod.of_marker(job, node, markers[0].value)
+        if pod is None:
+            pod = JobPod.of_old_record(jobs[0].json(), node, jobs[0].mod_revision)
+        return pod
+
+    def pods_of(self, job: Job) -> list[JobPod]:
+        """The job's pods as their nodes' markers say (a read that grows with the job:
+        for a job's release and its name, never a job's start)."""
+        prefix = self.keys.prefix(f"jobnodes/{job.job_id}")
+        out = []
+        for kv in self.etcd.get_prefix(prefix)[0]:
+            pod = JobPod.of_marker(job, kv.key.rsplit("/", 1)[-1], kv.value)
+            if pod is not None:
+                out.append(pod)
+        return out
+
     def name_records(self, user: str, label: str) -> str:
         """SkyDNS prefix of a job name's records (`<label>.<user>.<zone>`)."""
         return f"{zone_path(self.zone)}/{user}/{label}/"
 
-    def _pod_records(self, job: Job, index: int, node: str) -> tuple[str, list[str]]:
+    def _pod_records(self, pod: JobPod) -> tuple[str, list[str]]:
         """Keys of one pod's publication: (its record under the job name, [its record
         under the job id, its PTR, the node's marker])."""
-        return f"{self.name_records(job.user, job.label)}pod{index}", [
-            f"{zone_path(self.zone)}/{job.user}/{job.job_id}/pod{index}",
-            ptr_key(job.ips[index]),
-            self.keys.job_node(job.job_id, node),
+        job = pod.job
+        return f"{self.name_records(job.user, job.label)}pod{pod.index}", [
+            f"{zone_path(self.zone)}/{job.user}/{job.job_id}/pod{pod.index}",
+            ptr_key(pod.ip),
+            self.keys.job_node(job.job_id, pod.node),
         ]
 
     def _while_name_owner(self, job: Job, named: Any, common: list[Any]) -> None:
@@ -45,74 +74,114 @@ class PodRecords(AllocatorBase):
             common,
         )
 
-    def _all_records(self, job: Job) -> tuple[list[Any], list[Any]]:
-        """(the pods' records under the job name, everything else of every pod)."""
-        named: list[Any] = []
-        rest: list[Any] = []
-        for i, node in enumerate(job.nodes):
-            n, *others = self.pod_record_ops(job, i, node)
-            named.append(n)
-            rest += others
-        return named, rest
-
-    def job_ip_op(self, job: Job, index: int) -> Any:
-        """The address record of pod `index` (`ips/<ip>`: job, node, VNI)."""
-        node = json.dumps(job.nodes[index])
+    def job_ip_op(self, pod: JobPod) -> Any:
+        """The pod's address record (`ips/<ip>`: job, node, VNI)."""
+        node = json.dumps(pod.node)
         return op_put(
-            self.keys.ip(job.ips[index]),
-            f'{{"job_id":{job.job_id},"node":{node},"vni":{job.vni}}}',
+            self.keys.ip(pod.ip),
+            f'{{"job_id":{pod.job.job_id},"node":{node},"vni":{pod.job.vni}}}',
         )
 
-    def pod_record_ops(self, job: Job, index: int, node: str) -> list[Any]:
-        """Pod `index`'s DNS records (under the job name, the job id, the PTR) and its
-        node's marker, as the allocating node writes them while the job owns its name."""
-        named, (by_id, ptr, marker) = self._pod_records(job, index, node)
-        rec = etcdops.json_dumps({"host": job.ips[index], "ttl": RECORD_TTL})
-        host = f"pod{index}.{job.job_id}.{job.user}.{self.zone}"
+    def named_op(self, pod: JobPod) -> Any:
+        """The pod's record under the job name (written while the job owns it)."""
+        named, _ = self._pod_records(pod)
+        return op_put(named, etcdops.json_dumps({"host": pod.ip, "ttl": RECORD_TTL}))
+
+    def pod_record_ops(self, pod: JobPod) -> list[Any]:
+        """The pod's DNS records (under the job name, the job id, the PTR) and its node's
+        marker."""
+        named, (by_id, ptr, marker) = self._pod_records(pod)
+        job = pod.job
+        rec = etcdops.json_dumps({"host": pod.ip, "ttl": RECORD_TTL})
+        host = f"pod{pod.index}.{job.job_id}.{job.user}.{self.zone}"
         return [
             op_put(named, rec),
             op_put(by_id, rec),
             op_put(ptr, {"host": host, "ttl": RECORD_TTL}),
-            op_put(marker, "1"),
+            op_put(marker, pod.marker()),
         ]
 
-    def publish_pod(self, job: Job, index: int, node: str) -> None:
-        """This node's pod's records and marker again, in one round trip (adoption after
-        a restart, a job written back): the record under the job name only while the job
+    def publish_pod(self, pod: JobPod) -> None:
+        """The pod's records and marker again, in one round trip (adoption after a
+        restart, a job written back): the record under the job name only while the job
         owns it."""
-        named, *common = self.pod_record_ops(job, index, node)
-        self._while_name_owner(job, named, common)
+        named, *common = self.pod_record_ops(pod)
+        self._while_name_owner(pod.job, named, [self.job_ip_op(pod), *common])
 
-    def unpublish_pod(self, job: Job, index: int, node: str) -> None:
-        """Undo `publish_pod` (this node's pod could not be built)."""
-        named, keys = self._pod_records(job, index, node)
-        self._while_name_owner(job, op_delete(named), [op_delete(k) for k in keys])
+    def publish_name(self, pod: JobPod) -> None:
+        """The pod's record under the job name, if the job owns it (each node writes its
+        own after its allocation; the job's first node writes those of the nodes that came
+        before it took the name: `fill_name`)."""
+        self._while_name_owner(pod.job, self.named_op(pod), [])
 
-    def leave_job(self, job_id: int, node: str) -> None:
-        """This node's pod of the job is gone: drop its marker; the last node to leave
-        releases the job (deletes are linearized: at least one node sees nobody left)."""
+    def fill_name(self, job: Job) -> None:
+        """Right after the job's first node took the name: the records under it of the
+        pods whose nodes allocated before (their own `publish_name` found the name
+        another's); every node after writes its own. One read of the job's markers."""
+        name_key = self.keys.name(job.user, job.label)
         r = self.etcd.txn(
-            [],
-            [
-                op_delete(self.keys.job_node(job_id, node)),
-                op_count(self.keys.prefix(f"jobnodes/{job_id}")),
-                op_get(self.keys.job(job_id)),
-            ],
+            [cmp_value(name_key, name_owner(job.job_id))],
+            [op_get(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True)],
         )
-        if r.range_count(1) == 0:
-            kvs = r.range_kvs(2)
+        if not r.succeeded:
+            return
+        ops = []
+        for kv in r.range_kvs(0):
+            pod = JobPod.of_marker(job, kv.key.rsplit("/", 1)[-1], kv.value)
+            if pod is not None:
+                ops.append(self.named_op(pod))
+        step = max(1, self.etcd.max_txn_ops - 1)
+        for i in range(0, len(ops), step):
+            self._while_name_owner(job, ops[i : i + step], [])
+
+    def _pod_deletes(self, pod: JobPod) -> tuple[Any, list[Any]]:
+        """(the delete of the pod's record under the job name, the deletes of its address
+        record, its other records and its marker)."""
+        named, keys = self._pod_records(pod)
+        return op_delete(named), [op_delete(self.keys.ip(pod.ip)), *map(op_delete, keys)]
+
+    def unpublish_pod(self, pod: JobPod) -> None:
+        """Undo the pod's allocation (its pod could not be built): its records, its
+        address."""
+        named, rest = self._pod_deletes(pod)
+        self._while_name_owner(pod.job, named, rest)
+        self.ipam.mark([pod.ip], used=False)
+
+    def leave_job(self, pod: JobPod) -> None:
+        """This node's pod of the job is gone: its records and marker go (under the job
+        name only while the job owns it); the last node to leave releases the job
+        (deletes are linearized: at least one node sees nobody left)."""
+        job = pod.job
+        named, rest = self._pod_deletes(pod)
+        reads = [
+            op_count(self.keys.prefix(f"jobnodes/{job.job_id}")),
+            op_get(self.keys.job(job.job_id)),
+        ]
+        r = self.etcd.txn(
+            [cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))],
+            [named, *rest, *reads],
+            [*rest, *reads],
+        )
+        self.ipam.mark([pod.ip], used=False)
+        first = len(rest) + int(r.succeeded)
+        if r.range_count(first) == 0:
+            kvs = r.range_kvs(first + 1)
             if kvs:
                 self.release_job(Job.from_json(kvs[0].json(), kvs[0].mod_revision))
 
     def release_job(self, job: Job) -> None:
-        """Delete a job, its IPs, markers and DNS records (the name only if still ours)."""
+        """Delete a job, the records of the pods its markers still name (nodes that did
+        not leave: the GC's case), its markers and DNS records (the name only if still
+        ours)."""
+        pods = self.pods_of(job)
         base = zone_path(self.zone) + f"/{job.user}"
         ops = [
             op_delete(self.keys.job(job.job_id)),
             op_delete(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True),
             op_delete(f"{base}/{job.job_id}/", prefix=True),
         ]
-        for ip in job.ips:
+        ips = sorted({p.ip for p in pods} | set(job.old_ips))
+        for ip in ips:
             ops.append(op_delete(self.keys.ip(ip)))
             ops.append(op_delete(ptr_key(ip)))
         name_key = self.keys.name(job.user, job.label)
@@ -120,10 +189,8 @@ class PodRecords(AllocatorBase):
         name_ops = [op_delete(name_key), op_delete(self.name_records(job.user, job.label), True)]
         owner = [cmp_value(name_key, name_owner(job.job_id))]
         if len(ops) + len(name_ops) <= self.etcd.max_txn_ops:
-            with contextlib.suppress(store.EtcdRequestError):  # too many ops: in batches
-                self.etcd.txn(owner, ops + name_ops, ops)
-                self.ipam.mark(job.ips, used=False)
-                return
-        self.etcd.put_many(ops)
-        self.etcd.txn(owner, name_ops)
-        self.ipam.mark(job.ips, used=False)
+            self.etcd.txn(owner, ops + name_ops, ops)
+        else:
+            self.etcd.put_many(ops)
+            self.etcd.txn(owner, name_ops)
+        self.ipam.mark(ips, used=False)
