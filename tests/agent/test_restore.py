@@ -55,10 +55,12 @@ def test_restore_to_before_a_running_job_keeps_its_pods_and_writes_its_records_b
         assert n1.call("job_get", job_id=801)["pod"]["ip"] == p1["ip"]
         assert n2.call("job_get", job_id=801)["pod"]["ip"] == p2["ip"]
         job = etcd.client.get_json("/podnet/t/jobs/801")
-        assert job["ips"] == [p1["ip"], p2["ip"]], job
-        for p, node in ((p1, "n1"), (p2, "n2")):
+        assert job["user"] == "rita" and job["size"] == 2, job
+        for i, (p, node) in enumerate(((p1, "n1"), (p2, "n2"))):
             rec = etcd.client.get_json(f"/podnet/t/ips/{p['ip']}")
             assert rec["job_id"] == 801 and rec["node"] == node, rec
+            marker = etcd.client.get_json(f"/podnet/t/jobnodes/801/{node}")
+            assert marker == {"index": i, "ip": p["ip"]}, marker
         assert etcd.client.get_json("/skydns/t/rita/801/pod0")["host"] == p1["ip"]
         assert etcd.client.get_json("/skydns/t/rita/late/pod1")["host"] == p2["ip"]
         assert etcd.client.get_json("/podnet/t/names/rita/late") == {"job_id": 801}

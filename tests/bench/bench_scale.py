@@ -4,10 +4,10 @@
 
 Every simulated node is a process of its own (`PODNET_SCALE_NODES_PER_PROC` = 1), like the
 podnetd of a real node: its own `Allocator`, IPAM view and etcd client, running podnetd's
-own etcd code path for a job pod against a real etcd on loopback:
-`Allocator.allocate_job` (the first node allocates the whole job in one transaction; in a
-job of more than 16 nodes the others wait for its record: a read, then a watch), overlapped
-with the netns creation, then `Allocator.publish_pod` (the node's records and marker),
+own etcd code path for a job pod against a real etcd on loopback, with its watch of `jobs/`
+open: `Allocator.allocate_job` (each node allocates its own pod in one transaction; the
+first node also writes the job's record and name), overlapped with the netns creation,
+then the pod's record under the job name (the first node: those of the pods before it),
 overlapped with the wiring. The kernel part is replaced by its measured cost
 (`PODNET_SCALE_NETNS_MS`, `PODNET_SCALE_WIRE_MS`: the split of `pod_setup_p50` in
 docs/bench.md), slept, not run.
@@ -23,14 +23,10 @@ servers. So the bench also measures, per job: the CPU the nodes spent (sum and p
 each node's run-queue wait (time ready to run but without a core, from schedstat), etcd's
 CPU and run-queue wait, and how many cores the whole machine was busy. etcd and the first
 node run at `PODNET_SCALE_PRIORITY_NICE` (-10), the other nodes at `PODNET_SCALE_NODE_NICE`
-(19): on a cluster etcd and the first node do not share a CPU with the other nodes'
-podnetd, and the first node's allocation is on every node's path; the other nodes still
-share this host's cores among themselves, which a cluster does not make them do.
-
-Before the jobs, the wait path alone (`PODNET_SCALE_WAITERS` nodes of a 400-node job wait
-for its record, written 100 ms after they start) is timed with the store's watch and with
-polling, the allocator's way before: how late each node sees the record, and what the wait
-costs the node and etcd.
+(19): on a cluster etcd does not share a CPU with the nodes' podnetd (the first node kept
+its priority of the runs before node-owned allocation, when its allocation was on every
+node's path, so that runs compare); the other nodes still share this host's cores among
+themselves, which a cluster does not make them do.
 
 Prints `NAME VALUE UNIT` lines, writes build/bench/scale.json and
 build/bench/job-start-scale.svg. `bench_scale.py --plot OUT.svg RUN.json...` redraws the
@@ -64,7 +60,7 @@ sys.path.insert(0, str(ROOT / "agent/src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from podnet.names import Keys  # noqa: E402
-from podnet.state.alloc import BACKUPS, Allocator, Job, JobRecords  # noqa: E402
+from podnet.state.alloc import Allocator, Job, JobPod, JobRecords  # noqa: E402
 from podnet.state.etcdops import KV  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
 from podnet.state.store import Etcd  # noqa: E402
@@ -78,12 +74,6 @@ WIRE_MS = float(os.environ.get("PODNET_SCALE_WIRE_MS", "4.0"))
 NODES_PER_PROC = max(1, int(os.environ.get("PODNET_SCALE_NODES_PER_PROC", "1")))
 PRIORITY_NICE = int(os.environ.get("PODNET_SCALE_PRIORITY_NICE", "-10"))
 NODE_NICE = int(os.environ.get("PODNET_SCALE_NODE_NICE", "19"))
-#: the wait path alone: nodes waiting for the record of a job of WAIT_JOB_NODES nodes that
-#: its first node writes WAIT_LEADER_MS after they started, watch against polling
-WAITERS = int(os.environ.get("PODNET_SCALE_WAITERS", "50"))
-WAIT_JOB_NODES = int(os.environ.get("PODNET_SCALE_WAIT_JOB_NODES", "400"))
-WAIT_LEADER_MS = float(os.environ.get("PODNET_SCALE_WAIT_LEADER_MS", "100"))
-WAIT_ROUNDS = int(os.environ.get("PODNET_SCALE_WAIT_ROUNDS", "5"))
 OUT = ROOT / "build/bench"
 CLUSTER, ZONE = "pbscale", "pbscale"
 POD_CIDR, BLOCK_PREFIX = "198.18.0.0/15", 26
@@ -178,19 +168,17 @@ def ipam_of(state: dict[str, Any]) -> Ipam:
 
 
 def follow_jobs(a: Allocator) -> None:
-    """podnetd's watch of `jobs/` (node/etcd_sync.py), as far as a job start needs it:
-    the job records (where the allocator takes a job from) and the addresses in use."""
+    """podnetd's watch of `jobs/` (node/etcd_sync.py): every job's small record (the GC's
+    and tamper repair's; a job start needs nothing of it)."""
     keys, jobs = Keys(CLUSTER), a.jobs
     assert jobs is not None
 
     def on_event(kind: str, key: str, kv: KV | None) -> None:
         job_id = int(key.rsplit("/", 1)[-1])
         if kv is not None:
-            job = Job.from_json(kv.json(), kv.mod_revision)
-            jobs.put(job)
-            a.ipam.mark(job.ips)
-        elif (old := jobs.remove(job_id)) is not None:
-            a.ipam.mark(old.ips, used=False)
+            jobs.put(Job.from_json(kv.json(), kv.mod_revision))
+        else:
+            jobs.remove(job_id)
 
     def resync() -> int:
         kvs, rev = a.etcd.get_prefix(keys.prefix("jobs"))
@@ -205,19 +193,25 @@ def follow_jobs(a: Allocator) -> None:
 # -- one simulated node ------------------------------------------------------------------
 def node_path(
     a: Allocator, job_id: int, nodes: list[str], index: int, vni: int
-) -> tuple[Job, float]:
+) -> tuple[JobPod, float]:
     """podnetd's job_up, etcd side, with the kernel work replaced by its cost; returns the
-    job and when (time.monotonic) this node had its address. The allocation (the first
-    node's transaction, or the record from this node's watch) writes the pods' records:
-    a node sends nothing after it."""
+    pod and when (time.monotonic) this node had its address. The allocation writes the
+    pod's records; its record under the job name (the first node: the names of the pods
+    before it) goes while the pod is wired (podnetd: a worker)."""
     t0 = time.perf_counter()
-    job = a.allocate_job(job_id, USER, UID, f"scale{len(nodes)}", nodes, vni, index)
+    later: list[Any] = []
+    pod = a.allocate_job(job_id, USER, UID, f"scale{len(nodes)}", nodes, vni, index, later)
     allocated = time.monotonic()
     left = NETNS_MS / 1000 - (time.perf_counter() - t0)
     if left > 0:  # the netns is made while the allocation travels
         time.sleep(left)
-    time.sleep(WIRE_MS / 1000)  # the pod is wired
-    return job, allocated
+    t1 = time.perf_counter()
+    for run in later:
+        run()
+    left = WIRE_MS / 1000 - (time.perf_counter() - t1)
+    if left > 0:  # the pod is wired meanwhile
+        time.sleep(left)
+    return pod, allocated
 
 
 @dataclass
@@ -286,9 +280,8 @@ def node_process(
     conn: Connection, indices: list[int], names: list[str], url: str, ipam: dict[str, Any]
 ) -> None:
     """Hosts `indices` (one node each by default): runs each job the coordinator sends."""
-    # the first node and the nodes that take over when it is late (alloc.BACKUPS) are on
-    # every node's path: on a cluster they do not share a CPU with the others
-    critical = any(i <= BACKUPS for i in indices)
+    # the first node at etcd's priority, as in the runs before node-owned allocation
+    critical = 0 in indices
     os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE if critical else NODE_NICE)
     go = threading.Barrier(len(indices) + 1)
     done = threading.Barrier(len(indices) + 1)
@@ -316,30 +309,6 @@ def node_process(
         go.wait()
         done.wait()
         conn.send([out[i] for i in indices])
-
-
-# -- the wait path alone -----------------------------------------------------------------
-def waiter_process(conn: Connection, index: int, url: str, names: list[str]) -> None:
-    """One node of a large job that is not its first: waits for the job's record on its
-    watch of `jobs/` (podnetd's, open before the job)."""
-    # a few nodes at normal priority: they must all be waiting when the record comes
-    os.setpriority(os.PRIO_PROCESS, 0, 0)
-    etcd = Etcd([url], None, None, None, 30.0)
-    a = allocator(etcd, None, JobRecords())
-    etcd.get(Keys(CLUSTER).config)
-    follow_jobs(a)
-    stat = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
-    conn.send("ready")
-    while (msg := conn.recv()) is not None:
-        time.sleep(max(0.0, msg["deadline"] - time.monotonic()))
-        cpu0, _ = schedstat(stat)
-        req0 = etcd.requests
-        started = time.monotonic()
-        a.allocate_job(msg["id"], USER, UID, "wait", names, msg["vni"], index)
-        got = time.monotonic()
-        cpu1, _ = schedstat(stat)
-        conn.send((started, got, cpu1 - cpu0, etcd.requests - req0))
-    etcd.close()
 
 
 # -- the coordinator ---------------------------------------------------------------------
@@ -406,17 +375,11 @@ class Scale:
     def run_size(self, etcd: Etcd, n: int) -> None:
         names = [f"pbs{n:04d}-{i:04d}" for i in range(n)]
         coord = allocator(etcd)
-        # warm-up, not timed: each node claims its address block (a node that has run a
-        # job before owns one), then the view every node starts from is loaded (podnetd's
-        # watch keeps it)
-        self.job_id += 1
+        # the view every node starts from (podnetd's watch keeps it); each node claims its
+        # address block in the untimed first job (a node that has run a job owns one)
         coord.load_view()
-        warm = coord.allocate_job(self.job_id, USER, UID, "warm", names, self.vni)
-        coord.release_job(warm)
-        coord.load_view()
-        groups = [[i] for i in range(min(n, BACKUPS + 1))] + [
-            list(range(i, min(n, i + NODES_PER_PROC)))
-            for i in range(BACKUPS + 1, n, NODES_PER_PROC)
+        groups = [[0]] + [
+            list(range(i, min(n, i + NODES_PER_PROC))) for i in range(1, n, NODES_PER_PROC)
         ]
         ctx = self.ctx
         conns: list[Connection] = []
@@ -504,85 +467,6 @@ class Scale:
                     p.kill()
         self.summarize(n, jobs, samples)
 
-    def run_wait(self, etcd: Etcd) -> None:
-        """`WAITERS` nodes of a `WAIT_JOB_NODES`-node job wait for its record, which the
-        first node writes `WAIT_LEADER_MS` after they start: how late each sees it, and
-        what the wait costs the node and etcd."""
-        mode = "watch"
-        log(f"wait path ({mode}): {WAITERS} nodes, first node after {WAIT_LEADER_MS:.0f} ms")
-        n = WAIT_JOB_NODES
-        names = [f"pbw{n:04d}-{i:04d}" for i in range(n)]
-        coord = allocator(etcd)
-        coord.load_view()
-        self.job_id += 1
-        coord.release_job(coord.allocate_job(self.job_id, USER, UID, "wait", names, self.vni))
-        ctx = self.ctx
-        conns: list[Connection] = []
-        procs = []
-        for i in range(1, WAITERS + 1):
-            mine, theirs = ctx.Pipe()
-            p = ctx.Process(target=waiter_process, args=(theirs, i, self.url, names), daemon=True)
-            p.start()
-            theirs.close()
-            conns.append(mine)
-            procs.append(p)
-        for c in conns:
-            c.recv()
-        etcd_pid = self.proc.pid if self.proc else 0
-        lag: list[float] = []
-        late = 0  # nodes that began waiting after the record was written
-        cpu: list[float] = []
-        reqs: list[int] = []
-        etcd_cpu: list[float] = []
-        try:
-            for _ in range(WAIT_ROUNDS):
-                self.job_id += 1
-                deadline = time.monotonic() + 0.3
-                for c in conns:
-                    c.send({"id": self.job_id, "deadline": deadline, "vni": self.vni})
-                time.sleep(max(0.0, deadline - time.monotonic()))
-                e0 = process_schedstat(etcd_pid)[0]
-                time.sleep(WAIT_LEADER_MS / 1000)
-                job = coord.allocate_job(self.job_id, USER, UID, "wait", names, self.vni)
-                committed = time.monotonic()
-                for c in conns:
-                    started, got, c_cpu, c_req = c.recv()
-                    late += started > committed
-                    lag.append(got - committed)
-                    cpu.append(c_cpu)
-                    reqs.append(c_req)
-                etcd_cpu.append(process_schedstat(etcd_pid)[0] - e0)
-                coord.release_job(job)
-        finally:
-            for c in conns:
-                with contextlib.suppress(OSError):
-                    c.send(None)
-            for p in procs:
-                p.join(10)
-        self.sizes[f"wait_{mode}"] = {
-            "waiters": WAITERS,
-            "job_nodes": n,
-            "first_node_after_ms": WAIT_LEADER_MS,
-            "rounds": WAIT_ROUNDS,
-            "seen_after_commit_ms": {
-                "p50": ms(pct(lag, 50)),
-                "p90": ms(pct(lag, 90)),
-                "max": ms(max(lag)),
-            },
-            "late_starters": late,
-            "requests_per_node": round(statistics.mean(reqs), 2),
-            "node_cpu_ms_p50": ms(pct(cpu, 50)),
-            # includes the first node's transaction, the same in both modes
-            "etcd_cpu_ms_per_node": round(1000 * statistics.mean(etcd_cpu) / WAITERS, 2),
-        }
-        w = self.sizes[f"wait_{mode}"]
-        self.figures[f"job_wait_seen_max_ms_{mode}"] = (w["seen_after_commit_ms"]["max"], "ms")
-        log(
-            f"  {mode}: seen {w['seen_after_commit_ms']} ms after the commit, "
-            f"{w['requests_per_node']} requests and {w['node_cpu_ms_p50']} ms CPU per node, "
-            f"etcd {w['etcd_cpu_ms_per_node']} ms CPU per node"
-        )
-
     def check_and_release(self, coord: Allocator, n: int) -> None:
         """Every node has its own IP and its marker; then the job goes, as at its end."""
         keys = Keys(CLUSTER)
@@ -590,9 +474,10 @@ class Scale:
         if kv is None:
             raise RuntimeError(f"job {self.job_id} was not allocated")
         job = Job.from_json(kv.json(), kv.mod_revision)
-        marks = coord.etcd.get_prefix(keys.prefix(f"jobnodes/{self.job_id}"), True)[0]
-        if len(set(job.ips)) != n or len(marks) != n:
-            raise RuntimeError(f"job {self.job_id}: {len(set(job.ips))} IPs, {len(marks)} pods")
+        pods = coord.pods_of(job)
+        ips = {p.ip for p in pods}
+        if len(ips) != n or len(pods) != n or {p.index for p in pods} != set(range(n)):
+            raise RuntimeError(f"job {self.job_id}: {len(ips)} IPs, {len(pods)} pods")
         coord.release_job(job)
 
     def summarize(self, n: int, jobs: list[dict[str, Any]], samples: list[Sample]) -> None:
@@ -677,10 +562,7 @@ class Scale:
         )
         self.vni = allocator(etcd).user_vni(USER, UID)
         load_start = os.getloadavg()
-        # the coordinator is the first node of the wait path's jobs
         os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE)
-        if WAITERS > 0 and WAIT_ROUNDS > 0:
-            self.run_wait(etcd)
         for n in SIZES:
             log(f"{JOBS} jobs of {n} nodes")
             self.run_size(etcd, n)
@@ -733,7 +615,7 @@ def figure(runs: list[dict[str, Any]], labels: list[str]) -> str:
 
     series.append(
         Series(
-            "first node alone (allocates the job, then publishes its pod)",
+            "first node alone (the job's record and name, its pod, the names before it)",
             mean_of("first_node_ms_mean"),
             color="#2ca02c",
         )

@@ -129,7 +129,10 @@ def test_restore_brings_back_deleted_keys_and_keeps_later_jobs(work: Workload) -
     print(f"day2: restore: job {late} (after the backup) addresses {ips} -> {after}")
     assert after == ips
     job_rec = json.loads(etcdctl(f"get /podnet/{CLUSTER}/jobs/{late} --print-value-only"))
-    assert job_rec["ips"] == ips, job_rec
+    assert job_rec["user"] == "bob" and job_rec["size"] == 2, job_rec
+    for i, (node, ip) in enumerate(zip(("c1", "c2"), ips, strict=True)):
+        marker = etcdctl(f"get /podnet/{CLUSTER}/jobnodes/{late}/{node} --print-value-only")
+        assert json.loads(marker) == {"index": i, "ip": ip}, marker
     wait_for(lambda: late_job_names(late, ips) is None, 60, 2)
     assert late_job_facts(late) == facts, (facts, late_job_facts(late))
     assert facts["Restarts"] == "0" and facts["JobState"] == "RUNNING", facts

@@ -88,19 +88,6 @@ def test_requests_and_txn(etcd_cluster: EtcdCluster) -> None:
         e.close()
 
 
-def test_get_or_wait(etcd_cluster: EtcdCluster) -> None:
-    e, w = client(etcd_cluster), client(etcd_cluster)
-    try:
-        assert e.get_or_wait("/it/wait/none", 0.3) is None
-        threading.Timer(0.3, w.put, ("/it/wait/k", "here")).start()
-        t0 = time.monotonic()
-        kv = e.get_or_wait("/it/wait/k", 10)
-        assert kv is not None and kv.value == "here" and time.monotonic() - t0 < 5
-    finally:
-        e.close()
-        w.close()
-
-
 def test_watch_lag_of_own_writes_only(etcd_cluster: EtcdCluster) -> None:
     """The client measures its watch's lag on its own writes (podnet_etcd_watch_delay_seconds):
     put, txn and delete each give one delay when their event arrives; another client's write
