@@ -134,11 +134,9 @@ class Reconciler:
 
     def _adopt_job(self, name: str, veth: str) -> Pod | None:
         job_id = int(name[4:])
-        if self.alloc.get_job(job_id) is None:
-            return self._adopt_lost_job(job_id, name, veth)
         mine = self.alloc.get_pod(job_id, self.cfg.node)
-        if mine is None:
-            return None  # the job has no pod of this node in etcd
+        if mine is None:  # etcd lost the job's record or this node's pod of it
+            return self._adopt_lost_job(job_id, name, veth)
         if not veth or self._pod_ip(name) != mine.ip:
             return None  # half-built (the agent died while creating it): rebuild on demand
         self.alloc.publish_pod(mine)
@@ -147,8 +145,9 @@ class Reconciler:
         return Pod.of_job(mine, name, str(self.dp.netns_path(name)), self.cc, veth)
 
     def _adopt_lost_job(self, job_id: int, name: str, veth: str) -> Pod | None:
-        """A job pod etcd knows nothing of: kept (to be written back by `reclaim_lost`)
-        if this node has its record, the pod is whole and Slurm may still run the job."""
+        """A job pod etcd knows nothing of (no record of the job, or none of this node's
+        pod): kept (to be written back by `reclaim_lost`) if this node has its copy, the
+        pod is whole and Slurm may still run the job."""
         mine = self.local.load(job_id, self.cfg.node)
         if mine is None:
             log.info("reconcile: job %d is unknown to etcd and to this node", job_id)

@@ -21,6 +21,7 @@ from typing import Any
 from podnet.errors import PodnetError
 from podnet.names import Keys, job_label
 from podnet.policy_format import PolicyError
+from podnet.state.alloc.common import Job, JobPod
 from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_get, op_put
 from podnet.state.gwpolicy import Policy, parse_policy, publish_max
 from podnet.state.quota import Slots, slots_of
@@ -77,15 +78,27 @@ def resolve(etcd: Etcd, keys: Keys, uid: int, root: bool, job: str, pod: int) ->
         if not isinstance(owner, dict) or "job_id" not in owner:
             raise PodnetError("ENOENT", f"you have no live job named {job!r}")
         job_id = int(owner["job_id"])
-    d = _get_json(etcd, keys.job(job_id))
-    if not isinstance(d, dict):
+    # the job's record and its pods (each node's marker: its pod's index and address)
+    r = etcd.txn([], [op_get(keys.job(job_id)), op_get(keys.prefix(f"jobnodes/{job_id}"), True)])
+    records = r.range_kvs(0)
+    try:
+        rec = Job.from_json(records[0].json(), records[0].mod_revision) if records else None
+    except (ValueError, KeyError, TypeError):
+        rec = None
+    if rec is None:
         raise PodnetError("ENOENT", f"job {job_id} has no pods")
-    if not root and int(d["uid"]) != uid:
+    if not root and rec.uid != uid:
         raise PodnetError("EPERM", f"job {job_id} is not yours: you may publish only your own pods")
-    ips = [str(x) for x in d.get("ips", [])]
-    if not 0 <= pod < len(ips):
-        raise PodnetError("EINVAL", f"job {job_id} has pods 0..{len(ips) - 1}, not pod{pod}")
-    return Target(job_id, pod, ips[pod], str(d["user"]), int(d["uid"]))
+    pods = {}
+    for kv in r.range_kvs(1):
+        p = JobPod.of_marker(rec, kv.key.rsplit("/", 1)[-1], kv.value)
+        if p is not None:
+            pods[p.index] = p.ip
+    if not 0 <= pod < rec.size:
+        raise PodnetError("EINVAL", f"job {job_id} has pods 0..{rec.size - 1}, not pod{pod}")
+    if pod not in pods:
+        raise PodnetError("ENOENT", f"pod{pod} of job {job_id} is not up")
+    return Target(job_id, pod, pods[pod], rec.user, rec.uid)
 
 
 def list_published(etcd: Etcd, keys: Keys, uid: int | None) -> list[dict[str, Any]]:

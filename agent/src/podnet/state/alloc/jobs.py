@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from podnet.names import job_label
@@ -93,25 +94,42 @@ class JobAllocation(PodRecords):
     def _place_pod(self, job: Job, index: int, node: str) -> JobPod:
         """This node's pod: an address of its blocks and the pod's records in one
         transaction, guarded by the address's absence and the marker's (a marker there
-        already: the pod it names, allocated before)."""
-        marker = self.keys.job_node(job.job_id, node)
+        already: the pod it names, allocated before). The same transaction reads the job's
+        record: when the first node wrote it already (the usual case), the pod is of that
+        record (its name, its time), and a record of another user's job (an id Slurm gave
+        again) undoes the pod: AllocError."""
+        marker, job_key = self.keys.job_node(job.job_id, node), self.keys.job(job.job_id)
 
         def records(ip: str) -> tuple[list[Any], list[Any]]:
             pod = JobPod(job, index, node, ip)
             _named, *ops = self.pod_record_ops(pod)
-            return [cmp_absent(marker)], [self.job_ip_op(pod), *ops]
+            return [cmp_absent(marker)], [self.job_ip_op(pod), *ops, op_get(job_key)]
 
         def attempt() -> JobPod | None:
-            ip, r = self._place(node, records, [op_get(marker)])
+            ip, r = self._place(node, records, [op_get(marker), op_get(job_key)])
             if ip is not None:
+                pod = JobPod(job, index, node, ip)
+                got = r.range_kvs(len(r.responses) - 1)
+                if got:
+                    record = Job.from_json(got[0].json(), got[0].mod_revision)
+                    try:
+                        pod = replace(pod, job=same_job(record, job.user, job.size))
+                    except AllocError:
+                        self.unpublish_pod(pod)
+                        raise
                 log.debug("job %d: %s allocated its pod %s", job.job_id, node, ip)
-                return JobPod(job, index, node, ip)
-            got = r.range_kvs(0)
-            if got:
-                pod = JobPod.of_marker(job, node, got[0].value)
-                if pod is None or pod.index != index:
-                    raise AllocError(f"job {job.job_id} has another pod on {node}")
                 return pod
+            mark, record_kv = r.range_kvs(0), r.range_kvs(1)
+            if mark:
+                if record_kv:
+                    job_now = Job.from_json(record_kv[0].json(), record_kv[0].mod_revision)
+                    same_job(job_now, job.user, job.size)
+                else:
+                    job_now = job
+                had = JobPod.of_marker(job_now, node, mark[0].value)
+                if had is None or had.index != index:
+                    raise AllocError(f"job {job.job_id} has another pod on {node}")
+                return had
             return None  # lost a race on an address or a block
 
         return contended(f"allocate job {job.job_id}", attempt, self.load_view)
