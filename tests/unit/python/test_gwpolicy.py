@@ -325,11 +325,13 @@ def etcd() -> FakeEtcd:
             "uid": 2001,
             "name": "web",
             "label": "web",
-            "nodes": ["c1", "c2"],
-            "ips": ["198.18.0.5", "198.18.0.70"],
+            "size": 2,
             "vni": 4096,
         },
     )
+    # each pod's node writes its marker (state/alloc: node-owned allocation)
+    e.put(keys.job_node(7, "c1"), {"index": 0, "ip": "198.18.0.5"})
+    e.put(keys.job_node(7, "c2"), {"index": 1, "ip": "198.18.0.70"})
     e.put(
         keys.job(8),
         {
@@ -338,11 +340,11 @@ def etcd() -> FakeEtcd:
             "uid": 2002,
             "name": "x",
             "label": "x",
-            "nodes": ["c1"],
-            "ips": ["198.18.0.6"],
+            "size": 1,
             "vni": 4097,
         },
     )
+    e.put(keys.job_node(8, "c1"), {"index": 0, "ip": "198.18.0.6"})
     return e
 
 
