@@ -84,7 +84,7 @@ class PodRecords(AllocatorBase):
 
     def named_op(self, pod: JobPod) -> Any:
         """The pod's record under the job name (written while the job owns it)."""
-        named, _ = self._pod_records(pod)
+        named = self._pod_records(pod)[0]
         return op_put(named, etcdops.json_dumps({"host": pod.ip, "ttl": RECORD_TTL}))
 
     def pod_record_ops(self, pod: JobPod) -> list[Any]:
