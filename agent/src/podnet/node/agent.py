@@ -272,6 +272,8 @@ class Agent:
             wait([saving])
             r.reconcile.local.drop(job_id)
             r.wiring.unbuild(pod)
+            with contextlib.suppress(EtcdUnavailable, EtcdRequestError):
+                r.alloc.unpublish_pod(mine)
             raise
         try:
             saving.result()
