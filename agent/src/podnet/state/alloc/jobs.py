@@ -46,8 +46,9 @@ class JobAllocation(PodRecords):
         are full), the address record, its marker `jobnodes/<id>/<node>` (index and
         address), its DNS records under the job id and the PTR. No node waits for another
         nor reads what grows with the job. The first node (`node_index` 0) also writes the
-        job's record and takes its name first (`_claim`: newest job wins, the previous
-        owner's records under the name go); AllocError if the id is another user's job.
+        job's record and takes its name in the same transaction (newest job wins: the
+        previous owner's records under the name go); AllocError if the id is another
+        user's job.
 
         The record under the job name follows in one more small transaction, while the
         job owns the name (`publish_name`; the first node's `fill_name` writes those of
@@ -55,12 +56,11 @@ class JobAllocation(PodRecords):
         made when `defer` is a list: the caller runs it while it wires the pod."""
         size = len(nodes)
         job = Job(job_id, user, uid, name, job_label(name), vni, size, created=time.time())
-        if node_index == 0:
-            job = self._claim(job)
-        pod = self._place_pod(job, node_index, nodes[node_index])
+        first = node_index == 0
+        pod = self._place_pod(job, node_index, nodes[node_index], first)
         steps: list[Callable[[], None]] = [
-            functools.partial(self.fill_name, job)
-            if node_index == 0
+            functools.partial(self.fill_name, pod.job)
+            if first
             else functools.partial(self.publish_name, pod)
         ]
         if defer is not None:
@@ -70,45 +70,45 @@ class JobAllocation(PodRecords):
                 run()
         return pod
 
-    def _claim(self, job: Job) -> Job:
-        """The job's record and its name (the name's previous records deleted), unless the
-        record exists (then it is returned, if it is this job's)."""
-        job_key, name_key = self.keys.job(job.job_id), self.keys.name(job.user, job.label)
-        r = self.etcd.txn(
-            [cmp_absent(job_key)],
-            [
-                op_put(job_key, job.to_json()),
-                op_delete(self.name_records(job.user, job.label), prefix=True),
-                op_put(name_key, name_owner(job.job_id)),
-            ],
-            [op_get(job_key)],
-        )
-        if r.succeeded:
-            job.revision = r.revision
-            return job
-        got = r.range_kvs(0)
-        if not got:  # deleted meanwhile: its release raced this start
-            raise AllocError(f"job {job.job_id} is being released")
-        return same_job(Job.from_json(got[0].json(), got[0].mod_revision), job.user, job.size)
+    def _claim_ops(self, job: Job) -> list[Any]:
+        """The job's record and its name (the name's previous records deleted)."""
+        return [
+            op_put(self.keys.job(job.job_id), job.to_json()),
+            op_delete(self.name_records(job.user, job.label), prefix=True),
+            op_put(self.keys.name(job.user, job.label), name_owner(job.job_id)),
+        ]
 
-    def _place_pod(self, job: Job, index: int, node: str) -> JobPod:
+    def _place_pod(self, job: Job, index: int, node: str, claim: bool) -> JobPod:
         """This node's pod: an address of its blocks and the pod's records in one
         transaction, guarded by the address's absence and the marker's (a marker there
-        already: the pod it names, allocated before). The same transaction reads the job's
-        record: when the first node wrote it already (the usual case), the pod is of that
-        record (its name, its time), and a record of another user's job (an id Slurm gave
-        again) undoes the pod: AllocError."""
+        already: the pod it names, allocated before). With `claim` (the first node) the
+        job's record and name go in the same transaction, guarded by the record's
+        absence; otherwise the transaction reads the record: when the first node wrote it
+        already (the usual case), the pod is of that record (its name, its time). A
+        record of another user's job (an id Slurm gave again) is refused: AllocError (a
+        pod placed already is undone)."""
         marker, job_key = self.keys.job_node(job.job_id, node), self.keys.job(job.job_id)
+        claiming = [claim]
 
         def records(ip: str) -> tuple[list[Any], list[Any]]:
             pod = JobPod(job, index, node, ip)
             _named, *ops = self.pod_record_ops(pod)
+            if claiming[0]:
+                return [cmp_absent(marker), cmp_absent(job_key)], [
+                    *self._claim_ops(job),
+                    self.job_ip_op(pod),
+                    *ops,
+                ]
             return [cmp_absent(marker)], [self.job_ip_op(pod), *ops, op_get(job_key)]
 
         def attempt() -> JobPod | None:
             ip, r = self._place(node, records, [op_get(marker), op_get(job_key)])
             if ip is not None:
                 pod = JobPod(job, index, node, ip)
+                if claiming[0]:
+                    job.revision = r.revision
+                    log.debug("job %d: %s wrote it and its pod %s", job.job_id, node, ip)
+                    return pod
                 got = r.range_kvs(len(r.responses) - 1)
                 if got:
                     record = Job.from_json(got[0].json(), got[0].mod_revision)
@@ -120,16 +120,18 @@ class JobAllocation(PodRecords):
                 log.debug("job %d: %s allocated its pod %s", job.job_id, node, ip)
                 return pod
             mark, record_kv = r.range_kvs(0), r.range_kvs(1)
+            job_now = job
+            if record_kv:
+                job_now = Job.from_json(record_kv[0].json(), record_kv[0].mod_revision)
+                same_job(job_now, job.user, job.size)
             if mark:
-                if record_kv:
-                    job_now = Job.from_json(record_kv[0].json(), record_kv[0].mod_revision)
-                    same_job(job_now, job.user, job.size)
-                else:
-                    job_now = job
                 had = JobPod.of_marker(job_now, node, mark[0].value)
                 if had is None or had.index != index:
                     raise AllocError(f"job {job.job_id} has another pod on {node}")
                 return had
+            if record_kv and claiming[0]:
+                # the record is there (this job's: a retry): the pod alone, of that record
+                return self._place_pod(job_now, index, node, False)
             return None  # lost a race on an address or a block
 
         return contended(f"allocate job {job.job_id}", attempt, self.load_view)
