@@ -89,6 +89,11 @@ class FakeEtcd:
                 for kv in kvs
             ]
             return ResponseOp(response_range={"kvs": enc, "count": len(kvs)})
+        if which == "request_txn":
+            r = op.request_txn
+            ok = all(self._compare(c) for c in r.compare)
+            done = [self._apply(o) for o in (r.success if ok else r.failure)]
+            return ResponseOp(response_txn={"succeeded": ok, "responses": done})
         raise AssertionError(f"unknown op {op}")
 
     def txn(

@@ -96,6 +96,12 @@ def op_get(key: str, prefix: bool = False) -> Any:
     return RequestOp(request_range=RangeRequest(key=k, range_end=prefix_end(k) if prefix else b""))
 
 
+def op_if(compare: list[Any], then: list[Any]) -> Any:
+    """A transaction nested in another (etcd >= 3.3): `then` if `compare` holds, else
+    nothing; its keys must not be among the outer transaction's puts and deletes."""
+    return RequestOp(request_txn=TxnRequest(compare=compare, success=then, failure=[]))
+
+
 def op_keys(prefix: str) -> Any:
     """The keys under `prefix`, without their values (read with `TxnResult.range_kvs`)."""
     k = prefix.encode()

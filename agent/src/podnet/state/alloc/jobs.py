@@ -21,7 +21,7 @@ from podnet.state.alloc.common import (
     same_job,
 )
 from podnet.state.alloc.records import PodRecords
-from podnet.state.etcdops import cmp_absent, op_delete, op_get, op_put
+from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_get, op_if, op_put
 
 
 class JobAllocation(PodRecords):
@@ -50,19 +50,23 @@ class JobAllocation(PodRecords):
         previous owner's records under the name go); AllocError if the id is another
         user's job.
 
-        The record under the job name follows in one more small transaction, while the
-        job owns the name (`publish_name`; the first node's `fill_name` writes those of
-        the nodes that came before it took the name). It is appended to `defer` instead of
-        made when `defer` is a list: the caller runs it while it wires the pod."""
+        A node's record under the job name goes in the same transaction, nested, if the
+        job owns the name then (the first node took it: the usual case); the first node
+        writes those of the nodes that came before it took the name, its own too, in one
+        more step (`fill_name`: a read of the markers, a write), appended to `defer`
+        instead of made when `defer` is a list: the caller runs it while it wires the
+        pod."""
         size = len(nodes)
         job = Job(job_id, user, uid, name, job_label(name), vni, size, created=time.time())
         first = node_index == 0
         pod = self._place_pod(job, node_index, nodes[node_index], first)
-        steps: list[Callable[[], None]] = [
-            functools.partial(self.fill_name, pod.job)
-            if first
-            else functools.partial(self.publish_name, pod)
-        ]
+        steps: list[Callable[[], None]] = []
+        if first:
+            steps.append(functools.partial(self.fill_name, pod.job))
+        elif pod.job.label != job.label:
+            # the record names the job otherwise than this node's request: its record
+            # under the record's name (the transaction wrote none under the request's)
+            steps.append(functools.partial(self.publish_name, pod))
         if defer is not None:
             defer.extend(steps)
         else:
@@ -88,6 +92,7 @@ class JobAllocation(PodRecords):
         record of another user's job (an id Slurm gave again) is refused: AllocError (a
         pod placed already is undone)."""
         marker, job_key = self.keys.job_node(job.job_id, node), self.keys.job(job.job_id)
+        name_key = self.keys.name(job.user, job.label)
         claiming = [claim]
 
         def records(ip: str) -> tuple[list[Any], list[Any]]:
@@ -99,7 +104,10 @@ class JobAllocation(PodRecords):
                     self.job_ip_op(pod),
                     *ops,
                 ]
-            return [cmp_absent(marker)], [self.job_ip_op(pod), *ops, op_get(job_key)]
+            # its record under the job name in the same transaction, if the job owns the
+            # name already (the first node came first: the usual case)
+            named = op_if([cmp_value(name_key, name_owner(job.job_id))], [self.named_op(pod)])
+            return [cmp_absent(marker)], [self.job_ip_op(pod), *ops, named, op_get(job_key)]
 
         def attempt() -> JobPod | None:
             ip, r = self._place(node, records, [op_get(marker), op_get(job_key)])
