@@ -21,7 +21,7 @@ from podnet.state.alloc.common import (
     same_job,
 )
 from podnet.state.alloc.records import PodRecords
-from podnet.state.etcdops import cmp_absent, cmp_value, op_delete, op_get, op_if, op_put
+from podnet.state.etcdops import cmp_absent, cmp_value, op_get, op_if, op_keys, op_put
 
 
 class JobAllocation(PodRecords):
@@ -50,20 +50,19 @@ class JobAllocation(PodRecords):
         previous owner's records under the name go); AllocError if the id is another
         user's job.
 
-        A node's record under the job name goes in the same transaction, nested, if the
-        job owns the name then (the first node took it: the usual case); the first node
-        writes those of the nodes that came before it took the name, its own too, in one
-        more step (`fill_name`: a read of the markers, a write), appended to `defer`
-        instead of made when `defer` is a list: the caller runs it while it wires the
-        pod."""
+        A node's record under the job name goes in the same transaction: the first
+        node's with the name, another node's nested, if the job owns the name then (the
+        first node came first: the usual case). The first node's transaction also reads
+        the name's records and the job's markers: the records under the name of the pods
+        that came before it and the previous owner's records left over follow in one more
+        step when there are any (`settle_name`), appended to `defer` instead of made when
+        `defer` is a list: the caller runs it while it wires the pod."""
         size = len(nodes)
         job = Job(job_id, user, uid, name, job_label(name), vni, size, created=time.time())
         first = node_index == 0
-        pod = self._place_pod(job, node_index, nodes[node_index], first)
         steps: list[Callable[[], None]] = []
-        if first:
-            steps.append(functools.partial(self.fill_name, pod.job))
-        elif pod.job.label != job.label:
+        pod = self._place_pod(job, node_index, nodes[node_index], first, steps)
+        if not first and pod.job.label != job.label:
             # the record names the job otherwise than this node's request: its record
             # under the record's name (the transaction wrote none under the request's)
             steps.append(functools.partial(self.publish_name, pod))
@@ -74,15 +73,21 @@ class JobAllocation(PodRecords):
                 run()
         return pod
 
-    def _claim_ops(self, job: Job) -> list[Any]:
-        """The job's record and its name (the name's previous records deleted)."""
+    def _claim_ops(self, pod: JobPod) -> list[Any]:
+        """The job's record, its name and the first node's record under it, then reads of
+        the name's records and of the job's markers (the last two responses)."""
+        job = pod.job
         return [
             op_put(self.keys.job(job.job_id), job.to_json()),
-            op_delete(self.name_records(job.user, job.label), prefix=True),
             op_put(self.keys.name(job.user, job.label), name_owner(job.job_id)),
+            self.named_op(pod),
+            op_keys(self.name_records(job.user, job.label)),
+            op_get(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True),
         ]
 
-    def _place_pod(self, job: Job, index: int, node: str, claim: bool) -> JobPod:
+    def _place_pod(
+        self, job: Job, index: int, node: str, claim: bool, steps: list[Callable[[], None]]
+    ) -> JobPod:
         """This node's pod: an address of its blocks and the pod's records in one
         transaction, guarded by the address's absence and the marker's (a marker there
         already: the pod it names, allocated before). With `claim` (the first node) the
@@ -90,7 +95,8 @@ class JobAllocation(PodRecords):
         absence; otherwise the transaction reads the record: when the first node wrote it
         already (the usual case), the pod is of that record (its name, its time). A
         record of another user's job (an id Slurm gave again) is refused: AllocError (a
-        pod placed already is undone)."""
+        pod placed already is undone). What the name needs after a claim is appended to
+        `steps` (`settle_name`)."""
         marker, job_key = self.keys.job_node(job.job_id, node), self.keys.job(job.job_id)
         name_key = self.keys.name(job.user, job.label)
         claiming = [claim]
@@ -100,9 +106,9 @@ class JobAllocation(PodRecords):
             _named, *ops = self.pod_record_ops(pod)
             if claiming[0]:
                 return [cmp_absent(marker), cmp_absent(job_key)], [
-                    *self._claim_ops(job),
                     self.job_ip_op(pod),
                     *ops,
+                    *self._claim_ops(pod),
                 ]
             # its record under the job name in the same transaction, if the job owns the
             # name already (the first node came first: the usual case)
@@ -115,6 +121,10 @@ class JobAllocation(PodRecords):
                 pod = JobPod(job, index, node, ip)
                 if claiming[0]:
                     job.revision = r.revision
+                    n = len(r.responses)
+                    named, marks = r.range_kvs(n - 2), r.range_kvs(n - 1)
+                    if self.name_unsettled(pod, named, marks):
+                        steps.append(functools.partial(self.settle_name, pod, named, marks))
                     log.debug("job %d: %s wrote it and its pod %s", job.job_id, node, ip)
                     return pod
                 got = r.range_kvs(len(r.responses) - 1)
@@ -133,13 +143,13 @@ class JobAllocation(PodRecords):
                 job_now = Job.from_json(record_kv[0].json(), record_kv[0].mod_revision)
                 same_job(job_now, job.user, job.size)
             if mark:
-                had = JobPod.of_marker(job_now, node, mark[0].value)
-                if had is None or had.index != index:
+                before = JobPod.of_marker(job_now, node, mark[0].value)
+                if before is None or before.index != index:
                     raise AllocError(f"job {job.job_id} has another pod on {node}")
-                return had
+                return before
             if record_kv and claiming[0]:
                 # the record is there (this job's: a retry): the pod alone, of that record
-                return self._place_pod(job_now, index, node, False)
+                return self._place_pod(job_now, index, node, False, steps)
             return None  # lost a race on an address or a block
 
         return contended(f"allocate job {job.job_id}", attempt, self.load_view)

@@ -13,7 +13,7 @@ from podnet.names import ptr_key, zone_path
 from podnet.state import etcdops
 from podnet.state.alloc.base import AllocatorBase
 from podnet.state.alloc.common import RECORD_TTL, Job, JobPod, name_owner
-from podnet.state.etcdops import cmp_value, op_count, op_delete, op_get, op_put
+from podnet.state.etcdops import KV, cmp_mod, cmp_value, op_count, op_delete, op_get, op_put
 
 
 class PodRecords(AllocatorBase):
@@ -109,30 +109,48 @@ class PodRecords(AllocatorBase):
         self._while_name_owner(pod.job, named, [self.job_ip_op(pod), *common])
 
     def publish_name(self, pod: JobPod) -> None:
-        """The pod's record under the job name, if the job owns it (each node writes its
-        own after its allocation; the job's first node writes those of the nodes that came
-        before it took the name: `fill_name`)."""
+        """The pod's record under the job name, if the job owns it (a node whose request
+        named the job otherwise than the job's record: its allocation wrote none)."""
         self._while_name_owner(pod.job, self.named_op(pod), [])
 
-    def fill_name(self, job: Job) -> None:
-        """Right after the job's first node took the name: the records under it of the
-        pods whose nodes allocated before (their own `publish_name` found the name
-        another's); every node after writes its own. One read of the job's markers."""
-        name_key = self.keys.name(job.user, job.label)
-        r = self.etcd.txn(
-            [cmp_value(name_key, name_owner(job.job_id))],
-            [op_get(self.keys.prefix(f"jobnodes/{job.job_id}"), prefix=True)],
-        )
-        if not r.succeeded:
-            return
-        ops = []
-        for kv in r.range_kvs(0):
-            pod = JobPod.of_marker(job, kv.key.rsplit("/", 1)[-1], kv.value)
-            if pod is not None:
-                ops.append(self.named_op(pod))
+    def _name_work(
+        self, pod: JobPod, had: list[KV], marks: list[KV]
+    ) -> tuple[list[Any], list[KV]]:
+        """After the first node (`pod`) took the job name, with what its transaction read
+        (`had`: the keys under the name; `marks`: the job's markers): (the records under
+        the name of the pods that came before it, the previous owner's records none of
+        this job's replaced)."""
+        job = pod.job
+        prefix = self.name_records(job.user, job.label)
+        puts: dict[str, Any] = {}
+        for kv in marks:
+            other = JobPod.of_marker(job, kv.key.rsplit("/", 1)[-1], kv.value)
+            if other is not None and other.node != pod.node:
+                puts[f"{prefix}pod{other.index}"] = self.named_op(other)
+        mine = f"{prefix}pod{pod.index}"
+        stale = [kv for kv in had if kv.key != mine and kv.key not in puts]
+        return list(puts.values()), stale
+
+    def name_unsettled(self, pod: JobPod, had: list[KV], marks: list[KV]) -> bool:
+        """Whether `settle_name` has anything to do (none in the usual case: a new name,
+        the first node first)."""
+        puts, stale = self._name_work(pod, had, marks)
+        return bool(puts or stale)
+
+    def settle_name(self, pod: JobPod, had: list[KV], marks: list[KV]) -> None:
+        """While the job owns its name: the records under it of the pods whose nodes came
+        before the first node took it (their own transaction found the name another's),
+        and the deletion of the previous owner's records none of this job's replaced
+        (each only if unchanged since the first node read it: a node of this job may have
+        written its own there since)."""
+        job = pod.job
+        owner = cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))
+        puts, stale = self._name_work(pod, had, marks)
         step = max(1, self.etcd.max_txn_ops - 1)
-        for i in range(0, len(ops), step):
-            self._while_name_owner(job, ops[i : i + step], [])
+        for i in range(0, len(puts), step):
+            self._while_name_owner(job, puts[i : i + step], [])
+        for kv in stale:
+            self.etcd.txn([owner, cmp_mod(kv.key, kv.mod_revision)], [op_delete(kv.key)])
 
     def _pod_deletes(self, pod: JobPod) -> tuple[Any, list[Any]]:
         """(the delete of the pod's record under the job name, the deletes of its address
