@@ -113,9 +113,7 @@ class PodRecords(AllocatorBase):
         named the job otherwise than the job's record: its allocation wrote none)."""
         self._while_name_owner(pod.job, self.named_op(pod), [])
 
-    def _name_work(
-        self, pod: JobPod, had: list[KV], marks: list[KV]
-    ) -> tuple[list[Any], list[KV]]:
+    def _name_work(self, pod: JobPod, had: list[KV], marks: list[KV]) -> tuple[list[Any], list[KV]]:
         """After the first node (`pod`) took the job name, with what its transaction read
         (`had`: the keys under the name; `marks`: the job's markers): (the records under
         the name of the pods that came before it, the previous owner's records none of
