@@ -99,12 +99,11 @@ class JobAllocation(PodRecords):
         `steps` (`settle_name`)."""
         marker, job_key = self.keys.job_node(job.job_id, node), self.keys.job(job.job_id)
         name_key = self.keys.name(job.user, job.label)
-        claiming = [claim]
 
         def records(ip: str) -> tuple[list[Any], list[Any]]:
             pod = JobPod(job, index, node, ip)
             _named, *ops = self.pod_record_ops(pod)
-            if claiming[0]:
+            if claim:
                 return [cmp_absent(marker), cmp_absent(job_key)], [
                     self.job_ip_op(pod),
                     *ops,
@@ -119,12 +118,12 @@ class JobAllocation(PodRecords):
             ip, r = self._place(node, records, [op_get(marker), op_get(job_key)])
             if ip is not None:
                 pod = JobPod(job, index, node, ip)
-                if claiming[0]:
+                if claim:
                     job.revision = r.revision
                     n = len(r.responses)
-                    named, marks = r.range_kvs(n - 2), r.range_kvs(n - 1)
-                    if self.name_unsettled(pod, named, marks):
-                        steps.append(functools.partial(self.settle_name, pod, named, marks))
+                    puts, stale = self.name_work(pod, r.range_kvs(n - 2), r.range_kvs(n - 1))
+                    if puts or stale:
+                        steps.append(functools.partial(self.settle_name, job, puts, stale))
                     log.debug("job %d: %s wrote it and its pod %s", job.job_id, node, ip)
                     return pod
                 got = r.range_kvs(len(r.responses) - 1)
@@ -147,7 +146,7 @@ class JobAllocation(PodRecords):
                 if before is None or before.index != index:
                     raise AllocError(f"job {job.job_id} has another pod on {node}")
                 return before
-            if record_kv and claiming[0]:
+            if record_kv and claim:
                 # the record is there (this job's: a retry): the pod alone, of that record
                 return self._place_pod(job_now, index, node, False, steps)
             return None  # lost a race on an address or a block

@@ -113,7 +113,7 @@ class PodRecords(AllocatorBase):
         named the job otherwise than the job's record: its allocation wrote none)."""
         self._while_name_owner(pod.job, self.named_op(pod), [])
 
-    def _name_work(self, pod: JobPod, had: list[KV], marks: list[KV]) -> tuple[list[Any], list[KV]]:
+    def name_work(self, pod: JobPod, had: list[KV], marks: list[KV]) -> tuple[list[Any], list[KV]]:
         """After the first node (`pod`) took the job name, with what its transaction read
         (`had`: the keys under the name; `marks`: the job's markers): (the records under
         the name of the pods that came before it, the previous owner's records none of
@@ -129,21 +129,13 @@ class PodRecords(AllocatorBase):
         stale = [kv for kv in had if kv.key != mine and kv.key not in puts]
         return list(puts.values()), stale
 
-    def name_unsettled(self, pod: JobPod, had: list[KV], marks: list[KV]) -> bool:
-        """Whether `settle_name` has anything to do (none in the usual case: a new name,
-        the first node first)."""
-        puts, stale = self._name_work(pod, had, marks)
-        return bool(puts or stale)
-
-    def settle_name(self, pod: JobPod, had: list[KV], marks: list[KV]) -> None:
-        """While the job owns its name: the records under it of the pods whose nodes came
-        before the first node took it (their own transaction found the name another's),
-        and the deletion of the previous owner's records none of this job's replaced
-        (each only if unchanged since the first node read it: a node of this job may have
-        written its own there since)."""
-        job = pod.job
+    def settle_name(self, job: Job, puts: list[Any], stale: list[KV]) -> None:
+        """While the job owns its name: `name_work`'s records under it of the pods whose
+        nodes came before the first node took it (their own transaction found the name
+        another's), and the deletion of the previous owner's records none of this job's
+        replaced (each only if unchanged since the first node read it: a node of this job
+        may have written its own there since)."""
         owner = cmp_value(self.keys.name(job.user, job.label), name_owner(job.job_id))
-        puts, stale = self._name_work(pod, had, marks)
         step = max(1, self.etcd.max_txn_ops - 1)
         for i in range(0, len(puts), step):
             self._while_name_owner(job, puts[i : i + step], [])
