@@ -4,8 +4,9 @@
 
 Every simulated node is a process of its own (`PODNET_SCALE_NODES_PER_PROC` = 1), like the
 podnetd of a real node: its own `Allocator`, IPAM view and etcd client, running podnetd's
-own etcd code path for a job pod against a real etcd on loopback, with its watch of `jobs/`
-open: `Allocator.allocate_job` (each node allocates its own pod in one transaction; the
+own etcd code path for a job pod against a real etcd on loopback, with podnetd's watches
+open (none of them follows jobs: a job start reaches its own nodes only):
+`Allocator.allocate_job` (each node allocates its own pod in one transaction; the
 first node also writes the job's record and name), overlapped with the netns creation,
 then the pod's record under the job name (the first node: those of the pods before it),
 overlapped with the wiring. The kernel part is replaced by its measured cost
@@ -16,6 +17,9 @@ Per job, the coordinator sends every node the job and a start time (a common dea
 little ahead, as Slurm starts the job's prologs together); each node sleeps until then and
 measures from that instant to its pod published. The job's time is the maximum over its
 nodes (the paper's Figure 2), averaged over `PODNET_SCALE_JOBS` jobs (>= 10) per size.
+A node counts itself done in shared memory; the samples are sent after the job (a node's
+process waking to report would take a core from nodes still starting, which no cluster
+makes them share).
 
 What the figure means on this machine: every node's client CPU (Python, HTTP, JSON) and
 etcd share this host's cores, where a cluster gives each node its own and etcd its own
@@ -60,10 +64,11 @@ sys.path.insert(0, str(ROOT / "agent/src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from podnet.names import Keys  # noqa: E402
-from podnet.state.alloc import Allocator, Job, JobPod, JobRecords  # noqa: E402
-from podnet.state.etcdops import KV  # noqa: E402
+from podnet.state.alloc import Allocator, Job, JobPod  # noqa: E402
+from podnet.state.etcdops import KV, op_put  # noqa: E402
 from podnet.state.ipam import Ipam  # noqa: E402
 from podnet.state.store import Etcd  # noqa: E402
+from podnet.state.watchrecords import WATCHED, record_of  # noqa: E402
 from svgplot import Reference, Series, xy_chart  # noqa: E402
 
 ETCD = os.environ.get("PODNET_BENCH_ETCD", "/usr/bin/etcd")
@@ -74,6 +79,10 @@ WIRE_MS = float(os.environ.get("PODNET_SCALE_WIRE_MS", "4.0"))
 NODES_PER_PROC = max(1, int(os.environ.get("PODNET_SCALE_NODES_PER_PROC", "1")))
 PRIORITY_NICE = int(os.environ.get("PODNET_SCALE_PRIORITY_NICE", "-10"))
 NODE_NICE = int(os.environ.get("PODNET_SCALE_NODE_NICE", "19"))
+#: podnetd's watches open on every node (they carry nothing at a job start; gRPC's client
+#: polls each open stream a few times a second, which 1000 nodes on this host's two cores
+#: pay and a cluster's nodes do not: 0 shows the job start without that)
+WATCHES = os.environ.get("PODNET_SCALE_WATCHES", "1") == "1"
 OUT = ROOT / "build/bench"
 CLUSTER, ZONE = "pbscale", "pbscale"
 POD_CIDR, BLOCK_PREFIX = "198.18.0.0/15", 26
@@ -139,7 +148,7 @@ def machine_ticks() -> tuple[int, int]:
     return sum(v[:8]) - idle, sum(v[:8])
 
 
-def allocator(etcd: Etcd, ipam: Ipam | None = None, jobs: JobRecords | None = None) -> Allocator:
+def allocator(etcd: Etcd, ipam: Ipam | None = None) -> Allocator:
     return Allocator(
         etcd,
         Keys(CLUSTER),
@@ -147,7 +156,6 @@ def allocator(etcd: Etcd, ipam: Ipam | None = None, jobs: JobRecords | None = No
         ZONE,
         VNI_MIN,
         VNI_MAX,
-        jobs=jobs,
     )
 
 
@@ -167,27 +175,20 @@ def ipam_of(state: dict[str, Any]) -> Ipam:
     return t
 
 
-def follow_jobs(a: Allocator) -> None:
-    """podnetd's watch of `jobs/` (node/etcd_sync.py): every job's small record (the GC's
-    and tamper repair's; a job start needs nothing of it)."""
-    keys, jobs = Keys(CLUSTER), a.jobs
-    assert jobs is not None
+def follow_cluster(a: Allocator) -> None:
+    """podnetd's watches (node/etcd_sync.py: `watchrecords.WATCHED`, each event read as a
+    record): what a node follows of the cluster. A job start sends them nothing (no node
+    follows another's jobs) but a block claimed."""
+    keys = Keys(CLUSTER)
 
     def on_event(kind: str, key: str, kv: KV | None) -> None:
-        job_id = int(key.rsplit("/", 1)[-1])
-        if kv is not None:
-            jobs.put(Job.from_json(kv.json(), kv.mod_revision))
-        else:
-            jobs.remove(job_id)
+        record_of(keys, kind, key, kv)
 
-    def resync() -> int:
-        kvs, rev = a.etcd.get_prefix(keys.prefix("jobs"))
-        jobs.reset([Job.from_json(kv.json(), kv.mod_revision) for kv in kvs])
-        return rev
-
-    w = a.etcd.watch_prefix(keys.prefix("jobs"), resync(), on_event, resync)
-    if not w.created.wait(60):
-        raise RuntimeError("etcd did not confirm the watch of jobs/")
+    rev = a.etcd.get_prefix(keys.prefix("nodes"), keys_only=True)[1]
+    for prefix in WATCHED:
+        w = a.etcd.watch_prefix(keys.prefix(prefix), rev, on_event, lambda: rev)
+        if not w.created.wait(60):
+            raise RuntimeError(f"etcd did not confirm the watch of {prefix}/")
 
 
 # -- one simulated node ------------------------------------------------------------------
@@ -214,6 +215,34 @@ def node_path(
     return pod, allocated
 
 
+class Finished:
+    """How many nodes of the job have their pod: each node counts itself (a shared counter,
+    no wake-up of anyone), the last one wakes the coordinator. The samples are collected
+    after the job, so that no node's reporting (its process waking to pickle and send) takes
+    a core from a node still starting its pod."""
+
+    def __init__(self, ctx: Any, n: int) -> None:
+        self.n = n
+        self.count = ctx.Value("i", 0)
+        self.all = ctx.Event()
+
+    def reset(self) -> None:
+        with self.count.get_lock():
+            self.count.value = 0
+        self.all.clear()
+
+    def one(self) -> None:
+        with self.count.get_lock():
+            self.count.value += 1
+            last = self.count.value == self.n
+        if last:
+            self.all.set()
+
+    def wait(self, timeout: float) -> None:
+        if not self.all.wait(timeout):
+            raise RuntimeError(f"{self.count.value} of {self.n} nodes finished in {timeout} s")
+
+
 @dataclass
 class Sample:
     """One node in one job (seconds)."""
@@ -234,14 +263,15 @@ def node_thread(
     url: str,
     ipam: Ipam,
     go: threading.Barrier,
-    done: threading.Barrier,
+    finished: Finished,
     job: dict[str, Any],
     out: dict[int, Sample],
 ) -> None:
     etcd = Etcd([url], None, None, None, 30.0)
-    a = allocator(etcd, ipam, JobRecords())
+    a = allocator(etcd, ipam)
     a.etcd.get(Keys(CLUSTER).config)  # a running podnetd's connection to etcd is open
-    follow_jobs(a)  # and its watch
+    if WATCHES:
+        follow_cluster(a)  # and its watches
     # CPU: every thread of the node (its path, its watch, the gRPC client's own); run-queue
     # wait: the thread running its path
     stat = f"/proc/{os.getpid()}/task/{threading.get_native_id()}/schedstat"
@@ -273,24 +303,29 @@ def node_thread(
             err,
             etcd.requests - req0,
         )
-        done.wait()
+        finished.one()
 
 
 def node_process(
-    conn: Connection, indices: list[int], names: list[str], url: str, ipam: dict[str, Any]
+    conn: Connection,
+    indices: list[int],
+    names: list[str],
+    url: str,
+    ipam: dict[str, Any],
+    finished: Finished,
 ) -> None:
-    """Hosts `indices` (one node each by default): runs each job the coordinator sends."""
+    """Hosts `indices` (one node each by default): runs each job the coordinator sends,
+    and sends the samples when asked (after the job)."""
     # the first node at etcd's priority, as in the runs before node-owned allocation
     critical = 0 in indices
     os.setpriority(os.PRIO_PROCESS, 0, PRIORITY_NICE if critical else NODE_NICE)
     go = threading.Barrier(len(indices) + 1)
-    done = threading.Barrier(len(indices) + 1)
     job: dict[str, Any] = {}
     out: dict[int, Sample] = {}
     threads = [
         threading.Thread(
             target=node_thread,
-            args=(i, names, url, ipam_of(ipam), go, done, job, out),
+            args=(i, names, url, ipam_of(ipam), go, finished, job, out),
             daemon=True,
         )
         for i in indices
@@ -304,11 +339,12 @@ def node_process(
             job["stop"] = True
             go.wait()
             return
+        if msg == "report":
+            conn.send([out[i] for i in indices])
+            continue
         job.update(msg)
         out.clear()
         go.wait()
-        done.wait()
-        conn.send([out[i] for i in indices])
 
 
 # -- the coordinator ---------------------------------------------------------------------
@@ -375,9 +411,15 @@ class Scale:
     def run_size(self, etcd: Etcd, n: int) -> None:
         names = [f"pbs{n:04d}-{i:04d}" for i in range(n)]
         coord = allocator(etcd)
-        # the view every node starts from (podnetd's watch keeps it); each node claims its
-        # address block in the untimed first job (a node that has run a job owns one)
+        # the view every node starts from (podnetd's watches keep it), each node with an
+        # address block of its own (a node that has run a job owns one; claimed here, not by
+        # every node in one job: each claim reaches every node's watch of blocks/)
         coord.load_view()
+        owned = set(coord.ipam.blocks.values())
+        claims = [(coord.ipam.claim_block(x), x) for x in names if x not in owned]
+        keys = Keys(CLUSTER)
+        etcd.put_many(op_put(keys.block(str(b)), {"node": x}) for b, x in claims)
+        coord.ipam.confirm_blocks(b for b, _x in claims)
         groups = [[0]] + [
             list(range(i, min(n, i + NODES_PER_PROC))) for i in range(1, n, NODES_PER_PROC)
         ]
@@ -386,10 +428,13 @@ class Scale:
         procs = []
         t0 = time.monotonic()
         state = ipam_state(coord.ipam)
+        finished = Finished(ctx, n)
         for g in groups:
             mine, theirs = ctx.Pipe()
             p = ctx.Process(
-                target=node_process, args=(theirs, g, names, self.url, state), daemon=True
+                target=node_process,
+                args=(theirs, g, names, self.url, state, finished),
+                daemon=True,
             )
             p.start()
             theirs.close()
@@ -409,16 +454,23 @@ class Scale:
                 self.job_id += 1
                 # far enough ahead that every process has its message before the start
                 deadline = time.monotonic() + 0.3 + 0.002 * n
+                finished.reset()
                 for c in conns:
                     c.send({"id": self.job_id, "deadline": deadline, "vni": self.vni})
+                # all the CPU of the node processes, their wake-up and watches included
+                p0 = sum(process_schedstat(p.pid)[0] for p in procs)
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 e0, m0 = process_schedstat(etcd_pid), machine_ticks()
                 b0 = etcd_sent_bytes(self.url)
-                got: list[Sample] = [s for c in conns for s in c.recv()]
+                finished.wait(300)
                 e1, m1 = process_schedstat(etcd_pid), machine_ticks()
+                p1 = sum(process_schedstat(p.pid)[0] for p in procs)
                 # every node has its pod: what etcd sent for the job (the watch events of
                 # its records included) has been sent
                 b1 = etcd_sent_bytes(self.url)
+                for c in conns:
+                    c.send("report")
+                got: list[Sample] = [s for c in conns for s in c.recv()]
                 errors = [s.error for s in got if s.error]
                 if errors:
                     raise RuntimeError(f"{len(errors)} node errors, first: {errors[0]}")
@@ -443,6 +495,7 @@ class Scale:
                         "nodes_cpu_ms": ms(sum(s.cpu for s in got)),
                         "nodes_run_wait_ms": ms(sum(s.run_wait for s in got)),
                         "etcd_cpu_ms": ms(e1[0] - e0[0]),
+                        "node_processes_cpu_ms": ms(p1 - p0),
                         "etcd_sent_bytes": round(b1 - b0),
                         "etcd_run_wait_ms": ms(e1[1] - e0[1]),
                         "machine_busy_cores": round(
@@ -455,7 +508,8 @@ class Scale:
                 log(
                     f"  job {self.job_id}: max {j['max_ms']} ms p50 {j['p50_ms']} ms, "
                     f"first node {j['first_node_ms']} ms, nodes' CPU {j['nodes_cpu_ms']} ms, "
-                    f"etcd CPU {j['etcd_cpu_ms']} ms, machine {j['machine_busy_cores']} cores"
+                    f"etcd CPU {j['etcd_cpu_ms']} ms, machine {j['machine_busy_cores']} cores, "
+                    f"node processes' CPU {j['node_processes_cpu_ms']} ms"
                 )
         finally:
             for c in conns:
@@ -535,6 +589,7 @@ class Scale:
                 k: round(mean(j[k] for j in jobs), 2)
                 for k in (
                     "nodes_cpu_ms",
+                    "node_processes_cpu_ms",
                     "nodes_run_wait_ms",
                     "etcd_cpu_ms",
                     "etcd_sent_bytes",
@@ -571,6 +626,7 @@ class Scale:
             netns_ms=NETNS_MS,
             wire_ms=WIRE_MS,
             nodes_per_process=NODES_PER_PROC,
+            watches=WATCHES,
             priority_nice=PRIORITY_NICE,
             node_nice=NODE_NICE,
             cores=CORES,

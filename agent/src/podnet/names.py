@@ -149,6 +149,8 @@ class Keys:
         self.config = "".join(around("config"))
         #: the gateways' external address and port range (podnet-gatewayd writes it)
         self.gateway_config = "".join(around("gateway_config"))
+        #: the node that releases dead jobs' records this round (node/reconcile.py)
+        self.records_gc = "".join(around("records_gc"))
         self._global_policy = "".join(around("gateway_policy"))
         self._user_policy = around("gateway_user_policy", "user")
         self._node, self._alive = around("node", "node"), around("alive", "node")

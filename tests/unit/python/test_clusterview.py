@@ -19,17 +19,15 @@ from podnet.config import NodeConfig
 from podnet.names import Keys
 from podnet.node.repair import RecordRepair
 from podnet.node.workqueue import SyncQueue
-from podnet.state.alloc import Job
 from podnet.state.clusterview import (
     AddressesChanged,
     BlockChanged,
     ClusterView,
-    JobChanged,
     NodesChanged,
     UserChanged,
 )
 from podnet.state.etcdops import KV
-from podnet.state.watchrecords import BlockRecord, ClusterRead, JobRecord, PodRecord, record_of
+from podnet.state.watchrecords import BlockRecord, ClusterRead, PodRecord, job_of, record_of
 
 KEYS = Keys("u")
 ROOT = "/podnet/u/"
@@ -81,19 +79,18 @@ def test_a_node_put_or_deleted_says_the_node_table_changed() -> None:
     assert view.node_addresses() == [N1]
 
 
-def test_a_job_record_holds_no_address_a_login_record_does() -> None:
+def test_no_node_follows_the_jobs_records_a_login_record_holds_an_address() -> None:
     view = _view()
-    got = _put(view, "jobs/3", _job(3, 2, 5000))
-    assert len(got) == 1 and isinstance(got[0], JobChanged) and got[0].job_id == 3
-    assert got[0].job is not None and got[0].job.size == 2
-    # the job ends: each node freed its own pod's address itself (state/alloc/records.py)
-    assert _delete(view, "jobs/3") == [JobChanged(3, None)]
-    # a job record as a podnetd before node-owned allocation wrote it: read, no address
+    # a job's start reaches no node but its own (each allocates its pod itself)
+    assert record_of(KEYS, "put", ROOT + "jobs/3", _kv("jobs/3", _job(3, 2, 5000))) is None
+    assert _put(view, "jobs/3", _job(3, 2, 5000)) == [] and _delete(view, "jobs/3") == []
+    # a job record as a podnetd before node-owned allocation wrote it: read (the GC, the
+    # guard), no address
     old = {**_job(4, 2, 5000), "nodes": ["n1", "n2"], "ips": ["198.18.0.1", "198.18.0.66"]}
     del old["size"]
-    got = _put(view, "jobs/4", old)
-    assert len(got) == 1 and isinstance(got[0], JobChanged) and got[0].job is not None
-    assert got[0].job.size == 2 and got[0].job.old_ips == ("198.18.0.1", "198.18.0.66")
+    job = job_of(_kv("jobs/4", old))
+    assert job is not None and job.size == 2 and job.old_ips == ("198.18.0.1", "198.18.0.66")
+    assert job_of(_kv("jobs/5", ["not", "a", "job"])) is None
     # a login pod's record, then the same key with another address
     assert _put(view, "logins/n2/alice", {"ip": "198.18.0.67", "uid": 2001}) == [
         AddressesChanged((), ("198.18.0.67",))
@@ -139,10 +136,9 @@ def test_a_users_vni_comes_from_its_record() -> None:
 
 def test_malformed_values_are_logged_and_skipped(caplog: pytest.LogCaptureFixture) -> None:
     view = _view()
-    _put(view, "jobs/6", _job(6, 1, 5000))
     with caplog.at_level(logging.WARNING, logger="podnet.sync"):
-        assert _put(view, "jobs/6", "not json") == []  # what the view had stays
-        assert _put(view, "jobs/7", {"job_id": 7}) == []  # JSON, not a job record
+        assert job_of(_kv("jobs/6", "not json")) is None
+        assert job_of(_kv("jobs/7", {"job_id": 7})) is None  # JSON, not a job record
         assert _put(view, "logins/n2/carol", "{") == []
         assert _put(view, "containers/n2/pn-c1", "[1, 2]") == []
         assert _put(view, "users/carol", "nope") == [UserChanged("carol", None)]
@@ -183,7 +179,7 @@ def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
     assert view.vtep_of("198.18.0.1") is None  # n1's own block
     assert view.node_addresses() == [N1, N2]
     read = ClusterRead.of(etcd, KEYS)  # type: ignore[arg-type]
-    assert [j.job_id for j in read.jobs()] == [3]
+    assert "jobs" not in read.kvs
     assert read.blocks() == {ipaddress.IPv4Network("198.18.0.0/26"): "n1"}
     assert read.addresses() == ["198.18.0.1"]
     # a reset says what the records hold and that the node table changed
@@ -193,20 +189,11 @@ def test_the_cli_loads_the_view_in_one_read_without_a_nodes_machinery() -> None:
     assert used == {"198.18.0.130"}  # a login's (a job's are in ips/: the IPAM view's)
 
 
-def test_the_repair_screens_a_tampered_job_record_before_the_view_takes_it() -> None:
-    """Tamper repair in its own room: the view gets this node's copy, the write back is
-    queued; a user's record changed by another writer never reaches the view."""
+def test_the_repair_screens_a_tampered_user_record_before_the_view_takes_it() -> None:
+    """Tamper repair in its own room: a user's record changed by another writer never
+    reaches the view, the write back is queued."""
     work = SyncQueue()
-    mine = Job.from_json(_job(8, 2, 5000), 3)
-    repair = RecordRepair(FakeEtcd(), work, own_job=lambda j: mine if j == 8 else None)  # type: ignore[arg-type]
-    forged = {**_job(8, 2, 5000), "user": "mallory"}
-    rec = record_of(KEYS, "put", ROOT + "jobs/8", _kv("jobs/8", forged))
-    assert isinstance(rec, JobRecord)
-    screened = repair.screen(rec)
-    assert isinstance(screened, JobRecord) and screened.job is mine
-    assert work.take() == {"restore"}
-    view = _view()
-    assert view.apply(screened)[0] == JobChanged(8, mine)
+    repair = RecordRepair(FakeEtcd(), work)  # type: ignore[arg-type]
     first = record_of(KEYS, "put", ROOT + "users/bob", _kv("users/bob", {"vni": 5002}))
     changed = record_of(KEYS, "put", ROOT + "users/bob", _kv("users/bob", {"vni": 5000}, 9))
     assert first is not None and changed is not None

@@ -59,7 +59,8 @@ def _paths(text: str, *before: str) -> list[str]:
 def test_every_key_has_one_method_and_the_layout_reads() -> None:
     k = Keys("lab")
     assert k.root == "/podnet/lab/" == contracts.ETCD_ROOT.format(cluster="lab")
-    methods = {n for n in vars(Keys) if not n.startswith("_")} | {"config", "gateway_config"}
+    attrs = {"config", "gateway_config", "records_gc"}
+    methods = {n for n in vars(Keys) if not n.startswith("_")} | attrs
     methods -= {"prefix"}
     names = set(contracts.ETCD_KEYS) - {"gateway_user_policy"}  # gateway_policy(user)
     assert methods == names

@@ -212,11 +212,13 @@ class _Nets:
         self.vteps |= set(vnis)
 
 
-def _reconciler(tmp_path: Path, running: str) -> tuple[Reconciler, FakeEtcd, list[int]]:
-    etcd = FakeEtcd()
-    cfg = NodeConfig("c1", "eth0", "198.51.100.2", "u", ["http://127.0.0.1:1"])
-    cfg.state_dir = str(tmp_path)
-    cfg.running_job_source = ["sh", "-c", running]
+def _reconciler(
+    tmp_path: Path, running: str, etcd: FakeEtcd | None = None, node: str = "c1", lease: int = 0
+) -> tuple[Reconciler, FakeEtcd, list[int]]:
+    etcd = etcd or FakeEtcd()
+    cfg = NodeConfig(node, "eth0", "198.51.100.2", "u", ["http://127.0.0.1:1"])
+    cfg.state_dir = str(tmp_path / node)
+    cfg.running_job_source = cfg.job_source = ["sh", "-c", running]
     pods = PodTable()
     nothing: Any = None
     r = Reconciler(
@@ -229,9 +231,9 @@ def _reconciler(tmp_path: Path, running: str) -> tuple[Reconciler, FakeEtcd, lis
         nothing,
         pods,
         _Nets(),  # type: ignore[arg-type]
-        ClusterView("c1"),
+        ClusterView(node),
         nothing,
-        lambda: 0,
+        lambda: lease,
     )
     downs: list[int] = []
     r.local.save(_pod(0))
@@ -278,3 +280,37 @@ def test_gc_retries_while_the_address_is_held(tmp_path: Path) -> None:
     etcd.delete(R + "ips/198.18.0.2")  # job 9 let it go
     assert r.reclaim_lost(downs.append) == [7]
     assert r.unclaimed == {}
+
+
+def test_a_node_reads_the_records_of_its_own_jobs_only(tmp_path: Path) -> None:
+    r, etcd, _downs = _reconciler(tmp_path, "echo 7")
+    etcd.put(R + "jobs/9", _job9().to_json())  # another job: not this node's business
+    assert r.own_recorded() == set()
+    etcd.put(R + "jobs/7", _job().to_json())
+    assert r.own_recorded() == {7}
+
+
+def test_one_node_at_a_time_releases_the_records_of_jobs_whose_nodes_died(
+    tmp_path: Path,
+) -> None:
+    """No node follows every job's record: the node `gc/records` names (a key on its
+    lease) releases those of jobs Slurm forgot; another node takes over when it is gone."""
+    etcd = FakeEtcd()
+    c1, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c1", lease=11)
+    c2, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c2", lease=12)
+    c3, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c3", lease=0)  # not registered yet
+    assert c3.records_gc_turn() is False and R + "gc/records" not in etcd.data
+    assert c1.records_gc_turn() is True and c2.records_gc_turn() is False
+    assert etcd.data[R + "gc/records"].lease == 11
+    assert c1.records_gc_turn() is True  # kept, no write
+    dead = _job9()  # its nodes died: nobody left it, Slurm forgot it
+    etcd.put(R + "jobs/9", dead.to_json())
+    etcd.put(R + "jobnodes/9/c9", {"index": 0, "ip": "198.18.0.200"})
+    etcd.put(R + "ips/198.18.0.200", {"job_id": 9, "node": "c9", "vni": 4100})
+    c2.gc_once(lambda j: None)
+    assert R + "jobs/9" in etcd.data  # not c2's turn
+    c1.gc_once(lambda j: None)
+    assert R + "jobs/9" not in etcd.data and R + "ips/198.18.0.200" not in etcd.data
+    assert R + "jobnodes/9/c9" not in etcd.data
+    etcd.delete(R + "gc/records")  # c1's lease expired
+    assert c2.records_gc_turn() is True and c1.records_gc_turn() is False

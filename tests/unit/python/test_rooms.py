@@ -31,7 +31,7 @@ from podnet.node.repair import RecordGuard, RecordRepair
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
 from podnet.node.workqueue import SyncQueue
-from podnet.state.alloc import Allocator, Job, JobPod, JobRecords
+from podnet.state.alloc import Allocator, Job, JobPod
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.store import EtcdUnavailable
@@ -216,27 +216,24 @@ def _sync(nets: UserNetworks, etcd: FakeEtcd, dp: FakeDataplane, pods: PodTable)
 def test_events_update_the_ipam_view_and_queue_only_what_is_needed() -> None:
     nets, etcd, dp, pods = _nets(linger=0)
     alloc = nets.alloc
-    alloc.jobs = JobRecords()
     sync = _sync(nets, etcd, dp, pods)
     sync.on_event("put", "/podnet/u/ips/198.18.0.5", None)  # not followed any more
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") is None  # no block of n1 yet
     sync.on_event("put", "/podnet/u/blocks/198.18.0.0-26", _KV({"node": "n1"}))
     assert sync.take() == {"routes", "overlay"}
-    # a job of n1 and n2: its record is in the job records (the GC's, the repair's); it
-    # names no address (each node marks its own pod's); no kernel work: the overlay asks
-    # when it needs
+    # a job of n1 and n2: no node follows the jobs' records (a job start would reach every
+    # node of the cluster); each node marks its own pod's address; no kernel work: the
+    # overlay asks when it needs
     alloc.ipam.mark(["198.18.0.1"])
     sync.on_event("put", "/podnet/u/jobs/3", _job(3, ["n1", "n2"], 5000))
     assert sync.take() == set()
     assert alloc.ipam.candidate("n1") not in (None, "198.18.0.1")
-    assert alloc.jobs.get(3) is not None and alloc.jobs.get(3).size == 2
     sync.on_event("put", "/podnet/u/vteps/5001/n2", _KV({"ip": "192.0.2.66"}))  # ignored
     sync.on_event("delete", "/podnet/u/nodes/n3", None)
     assert sync.take() == {"nodes"}
-    # the job's record goes: the view forgets it (its pods' addresses are their nodes')
     sync.on_event("delete", "/podnet/u/jobs/3", None)
-    assert sync.take() == set() and alloc.jobs.get(3) is None
+    assert sync.take() == set()
 
 
 def _miss(index: int, ip: str | None = None, mac: str | None = None) -> Miss:
@@ -351,41 +348,30 @@ def test_a_users_vni_changed_or_deleted_by_another_writer_is_written_back() -> N
 
 
 def test_a_record_of_a_job_with_a_pod_here_is_written_back() -> None:
-    nets, etcd, dp, pods = _nets(linger=0)
-    nets.alloc.jobs = JobRecords()
-    job = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0).job
-    lost: list[int] = []
-    work = SyncQueue()
-    sync = EtcdSync(
-        etcd,
-        Keys("u"),
-        "n1",
-        nets.alloc,
-        dp,
-        None,  # type: ignore[arg-type]
-        pods,
-        nets.view,
-        work,
-        RecordRepair(
-            etcd,  # type: ignore[arg-type]
-            work,
-            own_job=lambda j: job if j == 7 else None,
-            on_job_lost=lost.append,
-        ),
-        Overlay(dp, nets.view),  # type: ignore[arg-type]
-    )
+    """The record guard checks the records of the jobs with a pod here: one changed by
+    another writer is written back as this node keeps it; one deleted goes to the
+    reconciler (which asks Slurm whether the job runs); an older podnetd's record of the
+    same job (its pods in it) is left alone."""
+    nets, etcd, _dp, pods = _nets(linger=0)
+    mine = nets.alloc.allocate_job(7, "alice", 2001, "j", ["n1", "n2"], 5000, 0)
+    job = mine.job
+    pods.add(Pod("job", "pn-j7", "/run/netns/pn-j7", mine.ip, 20, "alice", 2001, 5000, 7, 0))
+    lost: list[list[int]] = []
+    guard = RecordGuard(
+        etcd, Keys("u"), "n1", nets.alloc, pods, lambda j, n: mine, lambda: 0, lost.append
+    )  # type: ignore[arg-type]
     key = "/podnet/u/jobs/7"
-    sync.on_event("put", key, _etcd_kv(etcd, key))
-    assert "restore" not in sync.take()
+    assert guard.check_once() == 0
     forged = {**job.to_json(), "user": "mallory", "uid": 6666}
     etcd.put(key, forged)
-    sync.on_event("put", key, _etcd_kv(etcd, key))
-    assert "restore" in sync.take() and sync.restore() == 1
-    assert etcd.data[key].json() == job.to_json()
-    assert nets.alloc.jobs.get(7) is not None and nets.alloc.jobs.get(7).user == "alice"
+    assert guard.check_once() == 1
+    assert etcd.data[key].json() == job.to_json() and lost == []
+    older = {**job.to_json(), "created": job.created - 5, "nodes": ["n1", "n2"]}
+    etcd.put(key, older)
+    assert guard.check_once() == 0 and etcd.data[key].json() == older
     etcd.delete(key)
-    sync.on_event("delete", key, None)
-    assert lost == [7]
+    assert guard.check_once() == 0 and lost == [[7]]
+    assert key not in etcd.data  # the reconciler's to write back, not the guard's
 
 
 def test_the_owner_writes_back_its_pods_changed_dns_and_address_records() -> None:

@@ -3,13 +3,13 @@
 routes, the overlay's resolved entries and firewall sets (as flannel's vxlan network
 loop): the applier of the `state.clusterview.ClusterView`'s changes.
 
-Watchers on `jobs/`, `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and `nodes/`
-(all on the client's one watch stream) feed `on_event`: the event becomes a record
-(`watchrecords.record_of`), `repair.RecordRepair` screens it (what another writer changed is
-noted to be written back, and the view takes this node's own copy instead), the view
-takes it and says what changed, and each change is applied here: the allocator's IPAM view
-and job records (`JobRecords`: small, no pod in them; the GC and tamper repair go by
-them) at once, and only the kernel work the change needs is queued: a block moved (routes,
+Watchers on `logins/`, `containers/`, `users/`, `vnis/`, `blocks/` and `nodes/` (all on the
+client's one watch stream; not `jobs/`: no node follows another's jobs) feed `on_event`:
+the event becomes a record (`watchrecords.record_of`), `repair.RecordRepair` screens it
+(what another writer changed is noted to be written back, and the view takes this node's
+own copy instead), the view takes it and says what changed, and each change is applied
+here: the allocator's IPAM view at once, and only the kernel work the change needs is
+queued: a block moved (routes,
 the overlay's entries of its pods: `Overlay.repoint`), a node came or went (node table,
 firewall, routes, the overlay's entries), a record to write back ('restore'). No other
 node's pod records are needed for the overlay (node/overlay.py). `run` applies the queue in
@@ -38,7 +38,6 @@ from podnet.state.clusterview import (
     BlockChanged,
     Change,
     ClusterView,
-    JobChanged,
     NodesChanged,
 )
 from podnet.state.etcdops import KV
@@ -95,14 +94,7 @@ class EtcdSync:
     def act(self, change: Change) -> None:
         """What a change of the view needs: the allocator's views at once, the kernel's
         work queued."""
-        if isinstance(change, JobChanged):
-            jobs = self.alloc.jobs
-            if jobs is not None:
-                if change.job is None:
-                    jobs.remove(change.job_id)
-                else:
-                    jobs.put(change.job)
-        elif isinstance(change, AddressesChanged):
+        if isinstance(change, AddressesChanged):
             if change.freed:
                 self.alloc.ipam.mark(change.freed, used=False)
             if change.used:
@@ -124,14 +116,12 @@ class EtcdSync:
 
     def resync(self) -> int:
         """Everything the watchers follow, read again in one transaction (one revision):
-        the IPAM view, the job records, the blocks, the users' VNIs, the node table.
+        the IPAM view, the blocks, the users' VNIs, the node table.
         Returns the revision to watch from."""
         read = ClusterRead.of(self.etcd, self.keys)
         self.repair.check_read(read)
         changes = self.view.reset(read)
         self.alloc.ipam.reset(read.blocks(), read.addresses())
-        if self.alloc.jobs is not None:
-            self.alloc.jobs.reset(read.jobs())
         for change in changes:
             if isinstance(change, AddressesChanged):
                 self.act(change)

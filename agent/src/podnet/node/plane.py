@@ -10,9 +10,10 @@ what (no callback is set afterwards):
     Overlay(dp, view)                                 resolves the VXLANs' misses
     Containers(nets, ...)
     Reconciler(nets, view, containers.adopt, ...)     adopts at start, collects garbage
-    RecordRepair(work, reconcile.own_job, ...)        tamper repair of the watched records
+    RecordRepair(work, ...)                           tamper repair of the watched records
     EtcdSync(view, work, repair, overlay, ...)        events -> view -> changes applied
-    NodeLease, RecordGuard(reconcile.local.load, ...) tamper repair of the pods' records
+    NodeLease, RecordGuard(reconcile.local.load,      tamper repair of the pods' records
+        reconcile.reclaim_soon, ...)                  (a job's record gone: the reconciler)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
 from podnet.node.workqueue import SyncQueue
 from podnet.state import quota
-from podnet.state.alloc import Allocator, JobRecords
+from podnet.state.alloc import Allocator
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
 from podnet.state.node_lease import NodeLease
@@ -80,7 +81,6 @@ class NodePlane:
             cc.zone,
             cc.vni_min,
             cc.vni_max,
-            jobs=JobRecords(),
         )
         dp = Dataplane(
             cfg.netns_dir,
@@ -157,8 +157,6 @@ class NodePlane:
         repair = RecordRepair(
             etcd,
             work,
-            own_job=reconcile.own_job,
-            on_job_lost=lambda job_id: reconcile.reclaim_soon(job_down),
             node=cfg.node,
             own_ips=lambda: [p.ip for p in pods.all()],
         )
@@ -178,7 +176,14 @@ class NodePlane:
             on_idle=egress_check if cc.egress_gateway and not gateway_node else None,
         )
         guard = RecordGuard(
-            etcd, keys, cfg.node, alloc, pods, reconcile.local.load, lambda: lease.id
+            etcd,
+            keys,
+            cfg.node,
+            alloc,
+            pods,
+            reconcile.local.load,
+            lambda: lease.id,
+            on_job_lost=lambda _job_ids: reconcile.reclaim_soon(job_down),
         )
         return cls(
             cc,

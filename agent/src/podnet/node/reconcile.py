@@ -6,7 +6,9 @@ still says it belongs here (a live pod is never torn down because the daemon
 restarted), else removed; then routes, bridges and firewall entries with no pod are
 removed. While running (`gc_once`, every `gc_interval`), job pods whose job Slurm no
 longer knows are removed, and job records of jobs that ended on nodes that died are
-released.
+released: by one node at a time (`records_gc_turn`: the node `gc/records` names, a key on
+that node's lease, taken by the first node to find it gone), since no node follows every
+job's record (a job start would otherwise reach every node of the cluster).
 
 A job pod whose job record etcd lost (etcd restored to a snapshot older than the job) is
 kept if Slurm still runs the job (`running_job_source`) and this node has its own copy of
@@ -31,16 +33,18 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.kernel import nl, nlquery
 from podnet.kernel.dataplane import Dataplane
 from podnet.kernel.firewall import Firewall
-from podnet.names import Keys, job_netns
+from podnet.names import Keys
 from podnet.names import is_container_netns as is_container_ns
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
 from podnet.node.sessions import LoginSessions
 from podnet.node.usernets import UserNetworks
 from podnet.state import quota
-from podnet.state.alloc import Allocator, AllocError, Job, JobPod
+from podnet.state.alloc import Allocator, AllocError, JobPod
 from podnet.state.clusterview import ClusterView
+from podnet.state.etcdops import cmp_absent, op_get, op_put
 from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
+from podnet.state.watchrecords import job_of, json_object
 
 log = logging.getLogger("podnet.reconcile")
 
@@ -295,30 +299,48 @@ class Reconciler:
         """Job ids Slurm runs (None when it cannot answer)."""
         return _job_ids(self.cfg.running_job_source)
 
-    def own_job(self, job_id: int) -> Job | None:
-        """This node's copy of the record of a job whose pod runs here (None: none)."""
-        if self.pods.get(job_netns(job_id)) is None:
-            return None
-        mine = self.local.load(job_id, self.cfg.node)
-        return mine.job if mine is not None else None
-
     def reclaim_soon(self, job_down: Callable[[int], object]) -> None:
-        """A job with a pod here lost its record (another writer deleted it): write it
-        back now (if Slurm runs the job), not at the next GC."""
+        """A job with a pod here lost its record (another writer deleted it; the record
+        guard saw it): write it back now (if Slurm runs the job), not at the next GC."""
 
         def run() -> None:
-            time.sleep(GC_MIN_POD_AGE / 5)  # the view has the delete by then
             try:
                 with self._gc_lock:
-                    view = self.alloc.jobs
-                    if view is None or not view.live:
-                        return
-                    self.find_lost({j.job_id for j in view.all()}, min_age=0.0)
+                    self.find_lost(self.own_recorded(), min_age=0.0)
                     self.reclaim_lost(job_down)
             except Exception:
                 log.exception("writing a job's records back failed (the GC tries again)")
 
         threading.Thread(target=run, name="reclaim", daemon=True).start()
+
+    def own_recorded(self) -> set[int]:
+        """The jobs with a pod here whose record etcd holds (read in transactions of at
+        most etcd's --max-txn-ops reads)."""
+        ids = sorted({p.job_id for p in self.pods.all() if p.kind == "job" and p.job_id})
+        size = max(1, self.etcd.max_txn_ops)
+        out: set[int] = set()
+        for i in range(0, len(ids), size):
+            chunk = ids[i : i + size]
+            r = self.etcd.txn([], [op_get(self.keys.job(j)) for j in chunk])
+            out.update(j for k, j in enumerate(chunk) if r.range_kvs(k))
+        return out
+
+    def records_gc_turn(self) -> bool:
+        """Whether this node releases the records of jobs whose nodes died, this round:
+        the node `gc/records` names, a key on that node's lease (it goes with the node); a
+        node that finds it gone takes it. One cheap read per round on every node, a write
+        only when the key changes hands."""
+        lease = self.lease_id()
+        if not lease:
+            return False
+        key = self.keys.records_gc
+        kv = self.etcd.get(key, serializable=True)
+        if kv is not None:
+            return json_object(kv).get("node") == self.cfg.node
+        r = self.etcd.txn([cmp_absent(key)], [op_put(key, {"node": self.cfg.node}, lease)])
+        if r.succeeded:
+            log.info("this node now releases the records of jobs whose nodes died")
+        return bool(r.succeeded)
 
     def gc_once(self, job_down: Callable[[int], object]) -> list[int]:
         """Remove job pods whose job Slurm no longer knows; returns their ids."""
@@ -339,27 +361,22 @@ class Reconciler:
         for j in gone:
             log.info("GC: job %d is gone, removing its pod", j)
             job_down(j)
-        recorded = self.gc_records(live)
-        self.find_lost(recorded)
+        if self.records_gc_turn():
+            self.gc_records(live)
+        self.find_lost(self.own_recorded())
         self.reclaim_lost(job_down)
         return gone
 
-    def gc_records(self, live: set[int]) -> set[int]:
+    def gc_records(self, live: set[int]) -> list[int]:
         """Release etcd records of jobs Slurm no longer knows (nodes that died); returns
-        the jobs whose records stay."""
-        view = self.alloc.jobs
-        if view is not None and view.live:  # what the watch of jobs/ delivered: no read
-            jobs = view.all()
-        else:
-            kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
-            jobs = [Job.from_json(kv.json(), kv.mod_revision) for kv in kvs]
-        kept = set()
-        for job in jobs:
-            if job.job_id not in live and time.time() - job.created > GC_MIN_RECORD_AGE:
+        the jobs released."""
+        kvs = self.etcd.get_prefix(self.keys.prefix("jobs"))[0]
+        now, out = time.time(), []
+        for job in (j for kv in kvs if (j := job_of(kv)) is not None):
+            if job.job_id not in live and now - job.created > GC_MIN_RECORD_AGE:
                 self.alloc.release_job(job)
-            else:
-                kept.add(job.job_id)
-        return kept
+                out.append(job.job_id)
+        return out
 
     def run_gc(self, stop: threading.Event, job_down: Callable[[int], object]) -> None:
         while not stop.wait(self.cfg.gc_interval):

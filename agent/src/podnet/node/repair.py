@@ -5,24 +5,25 @@ refuse is detected and undone by its owner). The one room of tamper repair:
 
 * `RecordRepair`, on the watches (`etcd_sync.EtcdSync` screens each record through it
   before the view takes it): a user's VNI (`users/`, `vnis/`: created once, never changed
-  nor deleted by podnet) is put back as this node first saw it, and the record of a job
-  with a pod on this node as this node keeps it (`own_job`: reconcile.local's copy, the
-  same but for the time it was made, `Job.same_as`; the view goes on with that copy
-  meanwhile). A deleted job record is written back by the
-  reconciler (`on_job_lost`: `Reconciler.reclaim_soon`, with the records etcd lost). The
-  write back is guarded by the revision the change had, so of all the nodes that saw it
-  one writes; it runs in the sync loop's pass ('restore' in its queue).
+  nor deleted by podnet) is put back as this node first saw it, and a block that holds a
+  pod of this node as this node's. The write back is guarded by the revision the change
+  had, so of all the nodes that saw it one writes; it runs in the sync loop's pass
+  ('restore' in its queue).
 * `RecordGuard`, every `VERIFY_INTERVAL` seconds: the shared records of this node's own
   pods. Every node may write the records that allocations share (addresses, DNS records,
-  markers: their keys are by address or by user, not by node), so a node with a stolen
-  certificate could change or delete those of another node's pods. The owner compares
-  them all with what they must hold, in read-only transactions of at most etcd's
-  --max-txn-ops compares (the failure branch returns them: no second round trip to find
-  the difference), and writes back the ones that differ: its job pods' address records,
-  markers and DNS records (under the job id, the PTR, and under the job name while the
-  job owns it); its login pods' address, DNS and PTR records. A write back is guarded by
-  the pod's own record (the job's record, the login record), so a pod released meanwhile
-  is never written back.
+  markers, jobs' records: their keys are by address, by user or by job, not by node), so
+  a node with a stolen certificate could change or delete those of another node's pods.
+  The owner compares them all with what they must hold, in read-only transactions of at
+  most etcd's --max-txn-ops compares (the failure branch returns them: no second round
+  trip to find the difference), and writes back the ones that differ: its jobs' records
+  (as its own copy holds them, reconcile.local's: the same but for the time it was made,
+  `Job.same_as`; guarded by the revision of the change, so of the job's nodes one
+  writes), its job pods' address records, markers and DNS records (under the job id, the
+  PTR, and under the job name while the job owns it); its login pods' address, DNS and
+  PTR records. A write back is guarded by the pod's own record (the job's record, the
+  login record), so a pod released meanwhile is never written back; a job's record that
+  is gone is written back by the reconciler (`on_job_lost`: `Reconciler.reclaim_soon`,
+  with the records etcd lost), which first asks Slurm whether the job still runs.
 
 Each write back is logged (a warning: someone else wrote there).
 """
@@ -33,7 +34,7 @@ import ipaddress
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from podnet.names import Keys
@@ -41,6 +42,7 @@ from podnet.node.pods import PodTable
 from podnet.node.workqueue import SyncQueue
 from podnet.state.alloc import Allocator, Job, JobPod, name_owner
 from podnet.state.etcdops import (
+    KV,
     cmp_mod,
     cmp_present,
     cmp_value,
@@ -52,12 +54,12 @@ from podnet.state.store import Etcd, EtcdRequestError, EtcdUnavailable
 from podnet.state.watchrecords import (
     BlockRecord,
     ClusterRead,
-    JobRecord,
     Record,
     UserRecord,
     VniRecord,
     record_of,
 )
+from podnet.state.watchrecords import job_of as read_job
 
 log = logging.getLogger("podnet.guard")
 #: the watches' repair logs as the sync loop did
@@ -75,19 +77,13 @@ class RecordRepair:
         self,
         etcd: Etcd,
         work: SyncQueue,
-        own_job: Callable[[int], Job | None] = lambda job_id: None,
-        on_job_lost: Callable[[int], None] = lambda job_id: None,
         node: str = "",
         own_ips: Callable[[], Iterable[str]] = lambda: (),
     ) -> None:
-        """`own_job`: this node's copy of a job's record, if it has a pod of it
-        (reconcile.local); `on_job_lost`: a job with a pod here lost its record (the
-        reconciler writes it back); `work`: 'restore' is queued there; `node`: this node,
-        `own_ips`: the addresses of its pods (the blocks that hold one are kept its own)."""
+        """`work`: 'restore' is queued there; `node`: this node, `own_ips`: the addresses
+        of its pods (the blocks that hold one are kept its own)."""
         self.etcd = etcd
         self.work = work
-        self.own_job = own_job
-        self.on_job_lost = on_job_lost
         self.node = node
         self.own_ips = own_ips
         #: the lock of the two tables below
@@ -98,29 +94,14 @@ class RecordRepair:
         self._restores: dict[str, tuple[str, int]] = {}
 
     def screen(self, rec: Record) -> Record | None:
-        """The record as this node takes it into the view: a job record of a job with a
-        pod here as this node keeps it, a block of this node as its own, a changed user's
-        record not at all (None); what differs is noted to be written back."""
-        if isinstance(rec, JobRecord):
-            return self._screen_job(rec)
+        """The record as this node takes it into the view: a block of this node as its
+        own, a changed user's record not at all (None); what differs is noted to be
+        written back."""
         if isinstance(rec, UserRecord | VniRecord):
             return None if self.changed_once_created(rec.key, rec.value, rec.revision) else rec
         if isinstance(rec, BlockRecord):
             mine = self.block_moved(rec)
             return rec if mine is None else replace(rec, node=self.node, value=mine)
-        return rec
-
-    def _screen_job(self, rec: JobRecord) -> JobRecord:
-        mine = self.own_job(rec.job_id)
-        if mine is None:
-            return rec
-        if rec.deleted:
-            sync_log.warning("job %d: its record was deleted while its pod runs here", rec.job_id)
-            self.on_job_lost(rec.job_id)
-            return rec
-        if rec.job is None or not rec.job.same_as(mine):
-            self.tampered(rec.key, rec.revision, store_json(mine.to_json()))
-            return replace(rec, job=mine)  # what this node keeps using meanwhile
         return rec
 
     def block_moved(
@@ -148,8 +129,7 @@ class RecordRepair:
         return [ipaddress.IPv4Address(ip) for ip in self.own_ips()]
 
     def check_read(self, read: ClusterRead) -> None:
-        """After a whole read: the users' and VNIs' records, the records of the jobs with
-        a pod here."""
+        """After a whole read: the users' and VNIs' records, the blocks."""
         present = {kv.key: kv for what in ("users", "vnis") for kv in read.kvs[what]}
         with self._mutex:
             known = list(self._first_seen)
@@ -163,11 +143,6 @@ class RecordRepair:
             rec = record_of(read.keys, "put", kv.key, kv)
             if isinstance(rec, BlockRecord):
                 self.block_moved(rec, own)
-        for job in read.jobs():
-            mine = self.own_job(job.job_id)
-            if mine is not None and not job.same_as(mine):
-                key = read.keys.job(job.job_id)
-                self.tampered(key, job.revision, store_json(mine.to_json()))
 
     def changed_once_created(self, key: str, value: str | None, revision: int) -> bool:
         """A user's or a VNI's record is created once and never changed nor deleted by
@@ -216,6 +191,21 @@ def store_json(d: dict[str, Any]) -> str:
     return json_dumps(d)
 
 
+@dataclass(frozen=True)
+class Expected:
+    """A shared record of one of this node's pods: what `key` must hold (`value`). A record
+    under a job name is the pod's only while the job owns the name (`name_key` holds
+    `owner`); `alive` compares that the pod's own record is there (a write back is guarded
+    by it); `job`: this node's copy of the job, for the job's record itself."""
+
+    key: str
+    value: str
+    alive: Any = None
+    name_key: str | None = None
+    owner: str = ""
+    job: Job | None = None
+
+
 class RecordGuard:
     def __init__(
         self,
@@ -226,7 +216,10 @@ class RecordGuard:
         pods: PodTable,
         job_of: Callable[[int, str], JobPod | None],
         lease_id: Callable[[], int],
+        on_job_lost: Callable[[list[int]], None] = lambda job_ids: None,
     ) -> None:
+        """`on_job_lost`: jobs with a pod here whose record is gone (the reconciler writes
+        them back if Slurm runs them)."""
         self.etcd = etcd
         self.keys = keys
         self.node = node
@@ -235,26 +228,25 @@ class RecordGuard:
         #: this node's own copy of its pod of a job (reconcile.local)
         self.job_of = job_of
         self.lease_id = lease_id
+        self.on_job_lost = on_job_lost
         self.restored = 0  # records written back (metrics, tests)
 
-    def expected(self) -> list[tuple[str, str, str | None, str, Any]]:
-        """(key, value, name key, its owner value, the pod's own record compare) of every
-        shared record of this node's pods: a record under a job name is this pod's only
-        while the job owns the name (name key and owner value; "" for the others)."""
-        out: list[tuple[str, str, str | None, str, Any]] = []
+    def expected(self) -> list[Expected]:
+        """Every shared record of this node's pods, with what it must hold."""
+        out: list[Expected] = []
         for p in self.pods.all():
             ops: list[Any] = []
-            name_key, owner = None, ""
             if p.kind == "job" and p.job_id is not None:
                 mine = self.job_of(p.job_id, self.node)
                 if mine is None or mine.ip != p.ip:
                     continue
                 job = mine.job
-                # the job's record (tamper repair of the record itself is RecordRepair's)
-                alive = cmp_present(self.keys.job(job.job_id))
+                key = self.keys.job(job.job_id)
+                out.append(Expected(key, store_json(job.to_json()), job=job))
+                alive = cmp_present(key)
                 named, by_id, ptr, marker = self.alloc.pod_record_ops(mine)
                 name_key, owner = self.keys.name(job.user, job.label), name_owner(job.job_id)
-                out.append((*_kv(named), name_key, owner, alive))
+                out.append(Expected(*_kv(named), alive, name_key, owner))
                 ops = [by_id, ptr, marker, self.alloc.job_ip_op(mine)]
             elif p.kind == "login":
                 _login, *ops = self.alloc.login_record_ops(
@@ -263,7 +255,7 @@ class RecordGuard:
                 alive = cmp_present(self.keys.login(self.node, p.user))
             else:
                 continue
-            out += [(*_kv(op), None, "", alive) for op in ops]
+            out += [Expected(*_kv(op), alive) for op in ops]
         return out
 
     def check_once(self) -> int:
@@ -272,36 +264,55 @@ class RecordGuard:
         than its --max-txn-ops compares or reads: a node of many pods needs several)."""
         want = self.expected()
         # a record takes one compare and one read, its job name at most one more of each
-        size = max(1, int(getattr(self.etcd, "max_txn_ops", 4096)) // 2)
-        done = sum(self._check(want[i : i + size]) for i in range(0, len(want), size))
+        size = max(1, self.etcd.max_txn_ops // 2)
+        lost: list[int] = []
+        done = sum(self._check(want[i : i + size], lost) for i in range(0, len(want), size))
         self.restored += done
+        if lost:
+            log.warning("jobs %s: their records were deleted while their pods run here", lost)
+            self.on_job_lost(lost)
         return done
 
-    def _check(self, want: list[tuple[str, str, str | None, str, Any]]) -> int:
+    def _check(self, want: list[Expected], lost: list[int]) -> int:
         if not want:
             return 0
-        names = {n: o for _k, _v, n, o, _a in want if n is not None}
-        compare = [cmp_value(k, v) for k, v, _n, _o, _a in want]
+        names = {e.name_key: e.owner for e in want if e.name_key is not None}
+        compare = [cmp_value(e.key, e.value) for e in want]
         compare += [cmp_value(n, o) for n, o in names.items()]
-        reads = [op_get(k) for k, _v, _n, _o, _a in want] + [op_get(n) for n in names]
+        reads = [op_get(e.key) for e in want] + [op_get(n) for n in names]
         r = self.etcd.txn(compare, [], reads)
         if r.succeeded:
             return 0
-        got: dict[str, str] = {}
-        for i in range(len(reads)):
-            for kv in r.range_kvs(i):
-                got[kv.key] = kv.value
+        got: dict[str, KV] = {kv.key: kv for i in range(len(reads)) for kv in r.range_kvs(i)}
         done = 0
-        for key, value, name_key, owner, alive in want:
-            if name_key is not None and got.get(name_key) != owner:
-                continue  # the name is another job's now (the newest job wins): not ours
-            if got.get(key) == value:
+        for e in want:
+            kv = got.get(e.key)
+            if e.job is not None:
+                if kv is None:
+                    lost.append(e.job.job_id)
+                elif not self._same_job(kv, e.job):
+                    done += self._put(e.key, e.value, cmp_mod(e.key, kv.mod_revision))
                 continue
-            guard = [alive] + ([cmp_value(name_key, owner)] if name_key is not None else [])
-            if self.etcd.txn(guard, [op_put(key, value)]).succeeded:
-                log.warning("%s was changed or deleted by another writer: written back", key)
-                done += 1
+            if e.name_key is not None and getattr(got.get(e.name_key), "value", None) != e.owner:
+                continue  # the name is another job's now (the newest job wins): not ours
+            if kv is not None and kv.value == e.value:
+                continue
+            guard = [e.alive] + ([cmp_value(e.name_key, e.owner)] if e.name_key else [])
+            done += self._put(e.key, e.value, *guard)
         return done
+
+    @staticmethod
+    def _same_job(kv: KV, mine: Job) -> bool:
+        """A job's record as etcd holds it is this node's copy but for the time it was made
+        (an older podnetd's record, with its pods in it, too)."""
+        theirs = read_job(kv)
+        return theirs is not None and theirs.same_as(mine)
+
+    def _put(self, key: str, value: str, *guard: Any) -> bool:
+        if not self.etcd.txn(list(guard), [op_put(key, value)]).succeeded:
+            return False
+        log.warning("%s was changed or deleted by another writer: written back", key)
+        return True
 
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(VERIFY_INTERVAL):

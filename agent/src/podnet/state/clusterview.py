@@ -6,10 +6,9 @@ the kernel or writes to etcd.
 
 A watch event becomes a `Record` (watchrecords.py: `record_of`; an unreadable value is
 logged and read as no record), `ClusterView.apply` takes it into the view and returns what
-changed, as `Change`s for the node layer's appliers (node/etcd_sync.py: the IPAM view, the
-job records, routes, the overlay's resolved entries, firewall sets):
+changed, as `Change`s for the node layer's appliers (node/etcd_sync.py: the IPAM view,
+routes, the overlay's resolved entries, firewall sets):
 
-* `JobChanged`: a job's record (None: deleted; it names no pod);
 * `AddressesChanged`: addresses a record no longer holds, addresses it holds;
 * `BlockChanged`: an address block's owner (None: free);
 * `NodesChanged`: the node table changed (the applier reads it whole: `set_nodes`);
@@ -19,9 +18,9 @@ Where a pod of another node is, is its address block's: every node owns its bloc
 `vtep_of(ip)` is the registered address (`nodes/`) of the node that owns the address's
 block, never one a record names. A node needs no other node's pod records for its
 overlay: a user's VXLAN asks for a remote pod when it meets one
-(`podnet.node.overlay`). A job's record holds no pod (each node allocates its own pod
-from its own blocks); the addresses' own records (`ips/`) are not watched, a resync reads
-them for the IPAM view.
+(`podnet.node.overlay`). Jobs are not in the view: each node allocates its own pod from
+its own blocks, and no node follows another's jobs (watchrecords.py); the addresses' own
+records (`ips/`) are not watched, a resync reads them for the IPAM view.
 
 `watchrecords.ClusterRead.of` reads everything the watches follow in one transaction (one
 revision): `ClusterView.reset` takes it (the node's resync), and `ClusterView.load` reads
@@ -35,13 +34,11 @@ import threading
 from dataclasses import dataclass
 
 from podnet.names import Keys
-from podnet.state.alloc.common import Job
 from podnet.state.etcdops import KV
 from podnet.state.store import Etcd
 from podnet.state.watchrecords import (
     BlockRecord,
     ClusterRead,
-    JobRecord,
     NodeRecord,
     PodRecord,
     Record,
@@ -52,12 +49,6 @@ from podnet.state.watchrecords import (
 
 
 # -- what changed in the view ---------------------------------------------------------------
-@dataclass(frozen=True)
-class JobChanged:
-    job_id: int
-    job: Job | None  # None: deleted
-
-
 @dataclass(frozen=True)
 class AddressesChanged:
     freed: tuple[str, ...]
@@ -81,7 +72,7 @@ class UserChanged:
     vni: int | None
 
 
-Change = JobChanged | AddressesChanged | BlockChanged | NodesChanged | UserChanged
+Change = AddressesChanged | BlockChanged | NodesChanged | UserChanged
 
 
 # -- the view -----------------------------------------------------------------------------
@@ -146,8 +137,6 @@ class ClusterView:
     # -- what changes it --------------------------------------------------------------------
     def apply(self, rec: Record) -> list[Change]:
         """Take a watch's record into the view; returns what changed."""
-        if isinstance(rec, JobRecord):
-            return self._job(rec)
         if isinstance(rec, PodRecord):
             return self._pod(rec)
         if isinstance(rec, UserRecord):
@@ -171,13 +160,6 @@ class ClusterView:
             else:
                 self.blocks[block] = node
                 self._prefixes.add(block.prefixlen)
-
-    def _job(self, rec: JobRecord) -> list[Change]:
-        if rec.deleted:
-            return [JobChanged(rec.job_id, None)]
-        if rec.job is None:  # unreadable: what the view had stays
-            return []
-        return [JobChanged(rec.job_id, rec.job)]
 
     def _pod(self, rec: PodRecord) -> list[Change]:
         if rec.deleted:
@@ -211,7 +193,7 @@ class ClusterView:
         """The view from a whole read (after a watch was compacted away): the users' VNIs,
         the blocks, the addresses the pod records hold, the node table. Returns what the
         pod records hold and, if the node table changed, `NodesChanged("")`; the caller
-        resets the rest (jobs, the IPAM view)."""
+        resets the rest (the IPAM view)."""
         with self.mutex:
             self._held.clear()
             self.user_vnis.clear()

@@ -1,10 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""What this node's etcd watches say, record by record: a watch event of `jobs/`,
-`logins/`, `containers/`, `users/`, `vnis/`, `blocks/` or `nodes/` becomes a typed
-`Record` (`record_of`; an unreadable value is logged and read as no record), and
-`ClusterRead` is everything the watches follow (and the addresses' records, `ips/`) read
-in one transaction: one revision for all of it. Plain values: no view, no node.
+"""What this node's etcd watches say, record by record: a watch event of `logins/`,
+`containers/`, `users/`, `vnis/`, `blocks/` or `nodes/` becomes a typed `Record`
+(`record_of`; an unreadable value is logged and read as no record), and `ClusterRead` is
+everything the watches follow (and the addresses' records, `ips/`) read in one
+transaction: one revision for all of it. Plain values: no view, no node.
 `clusterview.ClusterView` takes the records; node/repair.py screens them first.
+
+No node watches `jobs/`: a job's start would otherwise reach every node of the cluster
+(docs/scale.md). A node checks the records of its own jobs (node/repair.py,
+`RecordGuard`); one node at a time releases the records of jobs whose nodes died
+(node/reconcile.py); `job_of` reads a job record for both.
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from podnet.names import Keys, block_from_key
@@ -23,21 +28,10 @@ from podnet.state.store import Etcd
 log = logging.getLogger("podnet.sync")
 
 #: the prefixes the node watches
-WATCHED = ("jobs", "logins", "containers", "users", "vnis", "blocks", "nodes")
+WATCHED = ("logins", "containers", "users", "vnis", "blocks", "nodes")
 
 
 # -- what a watch event says ------------------------------------------------------------
-@dataclass(frozen=True)
-class JobRecord:
-    """`jobs/<id>`: `job` None when deleted or unreadable."""
-
-    key: str
-    job_id: int
-    job: Job | None
-    deleted: bool
-    revision: int
-
-
 @dataclass(frozen=True)
 class PodRecord:
     """`logins/<node>/<user>`, `containers/<node>/<name>`: a pod's address and VNI (a login
@@ -88,7 +82,7 @@ class NodeRecord:
     node: str
 
 
-Record = JobRecord | PodRecord | UserRecord | VniRecord | BlockRecord | NodeRecord
+Record = PodRecord | UserRecord | VniRecord | BlockRecord | NodeRecord
 
 
 def record_of(keys: Keys, kind: str, key: str, kv: KV | None) -> Record | None:
@@ -99,13 +93,6 @@ def record_of(keys: Keys, kind: str, key: str, kv: KV | None) -> Record | None:
     what, _sep, rest = key[len(keys.root) :].partition("/")
     parse = _PARSERS.get(what)
     return parse(key, what, rest, kv if kind == "put" else None) if parse else None
-
-
-def _job_record(key: str, _what: str, rest: str, put: KV | None) -> Record | None:
-    if not rest.isdigit():
-        return None
-    rev = put.mod_revision if put is not None else 0
-    return JobRecord(key, int(rest), job_of(put), put is None, rev)
 
 
 def _pod_record(key: str, what: str, rest: str, put: KV | None) -> Record | None:
@@ -152,7 +139,6 @@ def _node_record(_key: str, _what: str, rest: str, _put: KV | None) -> Record | 
 
 
 _PARSERS: dict[str, Callable[[str, str, str, KV | None], Record | None]] = {
-    "jobs": _job_record,
     "logins": _pod_record,
     "containers": _pod_record,
     "users": _user_record,
@@ -197,19 +183,12 @@ class ClusterRead:
     revision: int
     #: the records under each prefix (`WATCHED` and "ips")
     kvs: dict[str, list[KV]]
-    _jobs: list[Job] | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, etcd: Etcd, keys: Keys) -> ClusterRead:
         prefixes = (*WATCHED, "ips")
         r = etcd.txn([], [op_get(keys.prefix(p), prefix=True) for p in prefixes])
         return cls(keys, r.revision, {p: r.range_kvs(i) for i, p in enumerate(prefixes)})
-
-    def jobs(self) -> list[Job]:
-        """The readable job records (parsed once: an unreadable one is logged once)."""
-        if self._jobs is None:
-            self._jobs = [j for kv in self.kvs.get("jobs", []) if (j := job_of(kv)) is not None]
-        return self._jobs
 
     def blocks(self) -> dict[ipaddress.IPv4Network, str | None]:
         out: dict[ipaddress.IPv4Network, str | None] = {}

@@ -14,7 +14,7 @@ that grows with the job (docs/agent.md "Allocation").
 
 `Allocator` is the one entry point; its parts, by module (each imports only those above
 it in this list):
-  common       constants, errors, `Job`, `JobPod`, `JobRecords`, `name_owner`; `contended`, the
+  common       constants, errors, `Job`, `JobPod`, `name_owner`; `contended`, the
                retry of a transaction lost to another writer
   base         the allocator's state (`AllocatorBase`), the user's VNI, the IPAM view, one
                address of a node's blocks (`_place`)
@@ -35,7 +35,6 @@ from podnet.state.alloc.common import (
     AllocError,
     Job,
     JobPod,
-    JobRecords,
     NoAddress,
     name_owner,
 )
@@ -51,7 +50,6 @@ __all__ = [
     "Allocator",
     "Job",
     "JobPod",
-    "JobRecords",
     "NoAddress",
     "container_owner",
     "name_owner",

@@ -13,7 +13,7 @@ from typing import Any
 
 from podnet.names import Keys, block_from_key
 from podnet.state import etcdops, quota
-from podnet.state.alloc.common import MAX_ATTEMPTS, AllocError, JobRecords, NoAddress, log
+from podnet.state.alloc.common import MAX_ATTEMPTS, AllocError, NoAddress, log
 from podnet.state.etcdops import KV, cmp_absent, op_put
 from podnet.state.ipam import Ipam, PoolExhausted
 from podnet.state.store import Etcd
@@ -30,8 +30,6 @@ class AllocatorBase:
     vni_min: int
     vni_max: int
     node_ips: dict[str, str] = field(default_factory=dict)
-    #: the job records from this node's watch (None or not live: read from etcd)
-    jobs: JobRecords | None = None
 
     @property
     def slots(self) -> quota.Slots:

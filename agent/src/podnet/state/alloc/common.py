@@ -1,14 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """What the allocator's parts share: the constants, the errors, the job record (`Job`), a
-node's pod of a job (`JobPod`), the job records as this node's watch delivers them
-(`JobRecords`), the value a job name's owner holds, and the retry of a transaction lost
-to another writer (`contended`)."""
+node's pod of a job (`JobPod`), the value a job name's owner holds, and the retry of a
+transaction lost to another writer (`contended`)."""
 
 from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -132,45 +130,6 @@ class JobPod:
         if len(ips) != len(nodes) or not isinstance(ips[i], str):
             return None
         return cls(Job.from_json(d, revision), i, node, ips[i])
-
-
-class JobRecords:
-    """The job records of the cluster as this node's watch of `jobs/` delivers them (the
-    node layer's sync loop feeds `put`/`remove`; `reset` after a re-list): the records
-    the GC and tamper repair go by (node/reconcile.py, node/repair.py). A record is small
-    and of fixed size (no pod is in it). `live` is false until the first `reset` (no
-    watch: read etcd instead)."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[int, Job] = {}
-        self._cond = threading.Condition()
-        self.live = False
-
-    def reset(self, jobs: list[Job]) -> None:
-        with self._cond:
-            self._jobs = {j.job_id: j for j in jobs}
-            self.live = True
-            self._cond.notify_all()
-
-    def put(self, job: Job) -> Job | None:
-        """Store `job`; returns the record it replaces."""
-        with self._cond:
-            old = self._jobs.get(job.job_id)
-            self._jobs[job.job_id] = job
-            self._cond.notify_all()
-            return old
-
-    def remove(self, job_id: int) -> Job | None:
-        with self._cond:
-            return self._jobs.pop(job_id, None)
-
-    def get(self, job_id: int) -> Job | None:
-        with self._cond:
-            return self._jobs.get(job_id)
-
-    def all(self) -> list[Job]:
-        with self._cond:
-            return list(self._jobs.values())
 
 
 def name_owner(job_id: int) -> str:
