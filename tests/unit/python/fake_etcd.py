@@ -3,7 +3,8 @@
 
 It implements what `podnet.state.store.Etcd` offers the allocator: get, get_prefix, txn
 (compares on CREATE/VALUE/MOD revisions; put, delete_range, range and count requests),
-put_many. The real etcd is used by tests/agent and tests/integration.
+put_many, and leases (granted, kept alive, revoked or `expire`d with their keys). The real
+etcd is used by tests/agent and tests/integration.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class FakeEtcd:
         self.max_txn_ops = 4096
         self.txns = 0  # transactions sent (the wait path must send none)
         self.reads = 0
+        self.leases: dict[int, int] = {}  # lease -> TTL
 
     # -- reads ---------------------------------------------------------------------------
     def _range(self, key: str, end: str | None) -> list[KV]:
@@ -117,3 +119,23 @@ class FakeEtcd:
     def delete(self, key: str, prefix: bool = False) -> int:
         res = self.txn([], [op_delete(key, prefix)])
         return int(res.responses[0].response_delete_range.deleted)
+
+    # -- leases ----------------------------------------------------------------------------
+    def lease_grant(self, ttl: int) -> int:
+        with self.lock:
+            lease = 1000 + len(self.leases)
+            self.leases[lease] = ttl
+            return lease
+
+    def lease_keepalive(self, lease: int) -> int:
+        return self.leases.get(lease, 0)
+
+    def lease_revoke(self, lease: int) -> None:
+        self.expire(lease)
+
+    def expire(self, lease: int) -> None:
+        """The lease ends: its keys go, as etcd deletes them."""
+        with self.lock:
+            self.leases.pop(lease, None)
+            for key in [k for k, kv in self.data.items() if kv.lease == lease]:
+                del self.data[key]

@@ -18,7 +18,7 @@ from podnet.config import ClusterConfig, NodeConfig
 from podnet.names import Keys
 from podnet.node.localjobs import LocalJobs
 from podnet.node.pods import Pod, PodTable
-from podnet.node.reconcile import Reconciler, decide_lost_pod
+from podnet.node.reconcile import Reconciler, decide_lost_pod, records_gc_ttl
 from podnet.state.alloc import Allocator, AllocError, Job, JobPod
 from podnet.state.clusterview import ClusterView
 from podnet.state.ipam import Ipam
@@ -293,16 +293,18 @@ def test_a_node_reads_the_records_of_its_own_jobs_only(tmp_path: Path) -> None:
 def test_one_node_at_a_time_releases_the_records_of_jobs_whose_nodes_died(
     tmp_path: Path,
 ) -> None:
-    """No node follows every job's record: the node `gc/records` names (a key on its
-    lease) releases those of jobs Slurm forgot; another node takes over when it is gone."""
+    """No node follows every job's record: the node `gc/records` names (a key on a lease
+    of its own, kept alive each round) releases those of jobs Slurm forgot; another node
+    takes over when it is gone."""
     etcd = FakeEtcd()
     c1, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c1", lease=11)
     c2, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c2", lease=12)
-    c3, _e, _d = _reconciler(tmp_path, "echo 7", etcd, "c3", lease=0)  # not registered yet
-    assert c3.records_gc_turn() is False and R + "gc/records" not in etcd.data
     assert c1.records_gc_turn() is True and c2.records_gc_turn() is False
-    assert etcd.data[R + "gc/records"].lease == 11
-    assert c1.records_gc_turn() is True  # kept, no write
+    lease = etcd.data[R + "gc/records"].lease
+    assert lease not in (0, 11) and etcd.leases[lease] == records_gc_ttl(60.0) == 150
+    assert _val(etcd, R + "gc/records") == {"node": "c1", "lease": lease}
+    txns = etcd.txns
+    assert c1.records_gc_turn() is True and etcd.txns == txns  # kept alive, no write
     dead = _job9()  # its nodes died: nobody left it, Slurm forgot it
     etcd.put(R + "jobs/9", dead.to_json())
     etcd.put(R + "jobnodes/9/c9", {"index": 0, "ip": "198.18.0.200"})
@@ -312,5 +314,8 @@ def test_one_node_at_a_time_releases_the_records_of_jobs_whose_nodes_died(
     c1.gc_once(lambda j: None)
     assert R + "jobs/9" not in etcd.data and R + "ips/198.18.0.200" not in etcd.data
     assert R + "jobnodes/9/c9" not in etcd.data
-    etcd.delete(R + "gc/records")  # c1's lease expired
+    etcd.expire(lease)  # c1 stopped: its lease ran out
     assert c2.records_gc_turn() is True and c1.records_gc_turn() is False
+    # c2's lease lost (etcd unreachable longer than the TTL) while its key stays: not c2's
+    etcd.leases.pop(etcd.data[R + "gc/records"].lease)
+    assert c2.records_gc_turn() is False

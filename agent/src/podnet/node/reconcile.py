@@ -7,8 +7,9 @@ restarted), else removed; then routes, bridges and firewall entries with no pod 
 removed. While running (`gc_once`, every `gc_interval`), job pods whose job Slurm no
 longer knows are removed, and job records of jobs that ended on nodes that died are
 released: by one node at a time (`records_gc_turn`: the node `gc/records` names, a key on
-that node's lease, taken by the first node to find it gone), since no node follows every
-job's record (a job start would otherwise reach every node of the cluster).
+a lease of its own that node keeps alive each round, taken by the first node to find it
+gone), since no node follows every job's record (a job start would otherwise reach every
+node of the cluster).
 
 A job pod whose job record etcd lost (etcd restored to a snapshot older than the job) is
 kept if Slurm still runs the job (`running_job_source`) and this node has its own copy of
@@ -52,6 +53,12 @@ log = logging.getLogger("podnet.reconcile")
 GC_MIN_POD_AGE = 5.0
 #: job records of jobs Slurm forgot are released after this many seconds
 GC_MIN_RECORD_AGE = 60.0
+
+
+def records_gc_ttl(gc_interval: float) -> int:
+    """The TTL of `gc/records`'s lease: two GC rounds and some (its node keeps it alive
+    once a round)."""
+    return int(2 * gc_interval) + 30
 
 
 class Reconciler:
@@ -327,20 +334,26 @@ class Reconciler:
 
     def records_gc_turn(self) -> bool:
         """Whether this node releases the records of jobs whose nodes died, this round:
-        the node `gc/records` names, a key on that node's lease (it goes with the node); a
-        node that finds it gone takes it. One cheap read per round on every node, a write
-        only when the key changes hands."""
-        lease = self.lease_id()
-        if not lease:
-            return False
+        the node `gc/records` names. The key is on a lease of its own (not the node's: a
+        put on a lease needs the right to write every key on it, which an earlier podnetd
+        after a downgrade lacks), which its node keeps alive each round, so the key goes
+        `records_gc_ttl` seconds after that node stops; a node that finds it gone takes it.
+        One cheap read per round on every node, a keepalive by the one named."""
         key = self.keys.records_gc
         kv = self.etcd.get(key, serializable=True)
         if kv is not None:
-            return json_object(kv).get("node") == self.cfg.node
-        r = self.etcd.txn([cmp_absent(key)], [op_put(key, {"node": self.cfg.node}, lease)])
-        if r.succeeded:
-            log.info("this node now releases the records of jobs whose nodes died")
-        return bool(r.succeeded)
+            d = json_object(kv)
+            lease = d.get("lease")
+            if d.get("node") != self.cfg.node or not isinstance(lease, int):
+                return False
+            return self.etcd.lease_keepalive(lease) > 0
+        lease = self.etcd.lease_grant(records_gc_ttl(self.cfg.gc_interval))
+        value = {"node": self.cfg.node, "lease": lease}
+        if not self.etcd.txn([cmp_absent(key)], [op_put(key, value, lease)]).succeeded:
+            self.etcd.lease_revoke(lease)
+            return False
+        log.info("this node now releases the records of jobs whose nodes died")
+        return True
 
     def gc_once(self, job_down: Callable[[int], object]) -> list[int]:
         """Remove job pods whose job Slurm no longer knows; returns their ids."""
