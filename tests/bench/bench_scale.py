@@ -16,7 +16,9 @@ docs/bench.md), slept, not run.
 Per job, the coordinator sends every node the job and a start time (a common deadline a
 little ahead, as Slurm starts the job's prologs together); each node sleeps until then and
 measures from that instant to its pod published. The job's time is the maximum over its
-nodes (the paper's Figure 2), averaged over `PODNET_SCALE_JOBS` jobs (>= 10) per size.
+nodes (the paper's Figure 2), averaged over `PODNET_SCALE_JOBS` jobs (>= 10) per size;
+then as many jobs whose node path does nothing (`harness_max_node_ms_nodes<n>`: the
+harness's own cost on this host).
 A node counts itself done in shared memory; the samples are sent after the job (a node's
 process waking to report would take a core from nodes still starting, which no cluster
 makes them share).
@@ -288,7 +290,8 @@ def node_thread(
         allocated = woke
         req0 = etcd.requests
         try:
-            _job, allocated = node_path(a, int(job["id"]), names, index, int(job["vni"]))
+            if not job.get("idle"):
+                _job, allocated = node_path(a, int(job["id"]), names, index, int(job["vni"]))
         except Exception as e:  # reported by the coordinator
             err = f"{names[index]}: {type(e).__name__}: {e}"
         end = time.monotonic()
@@ -447,16 +450,21 @@ class Scale:
         etcd_pid = self.proc.pid if self.proc else 0
         jobs: list[dict[str, Any]] = []
         samples: list[Sample] = []
+        idle: list[tuple[float, float]] = []  # (slowest node, CPU floor) of the idle jobs
         try:
             # one untimed job first: every node's connection and watch carry one job
             # before the timed ones (a running podnetd's are warm)
-            for k in range(JOBS + 1):
+            # then as many jobs whose node path does nothing: what this host takes to wake
+            # the node processes and count them (the harness's own cost, which the CPU
+            # floor does not count)
+            for k, kind in enumerate(["warm-up"] + ["timed"] * JOBS + ["idle"] * JOBS):
                 self.job_id += 1
                 # far enough ahead that every process has its message before the start
                 deadline = time.monotonic() + 0.3 + 0.002 * n
                 finished.reset()
+                msg = {"id": self.job_id, "deadline": deadline, "vni": self.vni}
                 for c in conns:
-                    c.send({"id": self.job_id, "deadline": deadline, "vni": self.vni})
+                    c.send({**msg, "idle": kind == "idle"})
                 # all the CPU of the node processes, their wake-up and watches included
                 p0 = sum(process_schedstat(p.pid)[0] for p in procs)
                 time.sleep(max(0.0, deadline - time.monotonic()))
@@ -474,6 +482,14 @@ class Scale:
                 errors = [s.error for s in got if s.error]
                 if errors:
                     raise RuntimeError(f"{len(errors)} node errors, first: {errors[0]}")
+                if kind == "idle":
+                    idle.append(
+                        (
+                            max(s.from_start for s in got),
+                            (sum(s.cpu for s in got) + e1[0] - e0[0]) / CORES,
+                        )
+                    )
+                    continue
                 self.check_and_release(coord, n)
                 if k == 0:
                     log(f"  job {self.job_id}: warm-up, not timed")
@@ -520,6 +536,14 @@ class Scale:
                 if p.is_alive():
                     p.kill()
         self.summarize(n, jobs, samples)
+        harness = round(statistics.mean(ms(m) for m, _f in idle), 1)
+        log(f"  {len(idle)} jobs whose node path does nothing: slowest node {harness} ms")
+        self.figures[f"harness_max_node_ms_nodes{n}"] = (harness, "ms")
+        self.sizes[f"nodes{n}"]["harness"] = {
+            "max_ms": harness,
+            "cpu_floor_ms": round(statistics.mean(ms(f) for _m, f in idle), 1),
+            "per_job_max_ms": [ms(m) for m, _f in idle],
+        }
 
     def check_and_release(self, coord: Allocator, n: int) -> None:
         """Every node has its own IP and its marker; then the job goes, as at its end."""
