@@ -374,8 +374,11 @@ class Reconciler:
         for j in gone:
             log.info("GC: job %d is gone, removing its pod", j)
             job_down(j)
-        if self.records_gc_turn():
-            self.gc_records(live)
+        try:
+            if self.records_gc_turn():
+                self.gc_records(live)
+        except (EtcdUnavailable, EtcdRequestError) as e:  # this node's own pods still go on
+            log.warning("GC of dead jobs' records: %s (next round)", e)
         self.find_lost(self.own_recorded())
         self.reclaim_lost(job_down)
         return gone
